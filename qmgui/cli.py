@@ -1,0 +1,132 @@
+"""The command line: the same core as the window, headless, with `--json` for scripts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import TextIO
+
+from qmgui import __version__
+from qmgui.cache import SqliteHeaderCache
+from qmgui.core.discovery import ModelEntry, ScanResult, scan
+from qmgui.core.units import format_bytes
+from qmgui.settings import load_settings
+from qmgui.stores import default_store_roots
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="qmgui",
+        description="Find local AI models and size their launches per GPU.",
+    )
+    p.add_argument("--version", action="version", version=f"qmgui {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    s = sub.add_parser(
+        "scan",
+        help="find models under folders and read their headers",
+        description="Find every model under PATH... (default: the configured "
+        "model roots and the LM Studio, Ollama and Hugging Face "
+        "stores that exist) and print what each one is.",
+    )
+    s.add_argument("paths", nargs="*", metavar="PATH", help="a folder or a .gguf file")
+    s.add_argument("--json", action="store_true", help="print a JSON list, one object a model")
+    s.add_argument("--no-cache", action="store_true", help="read every header from disk")
+    return p
+
+
+def main(
+    argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse exits 2 on usage errors, 0 on --help/--version
+        return int(e.code or 0)
+    if args.command == "scan":
+        return cmd_scan(args, out, err)
+    parser.print_help(out)
+    return EXIT_OK
+
+
+def _scan_roots(paths: Sequence[str], err: TextIO) -> list[str]:
+    if paths:
+        return list(paths)
+    loaded = load_settings()
+    for message in loaded.messages:
+        print(f"qmgui: {message}", file=err)
+    roots = list(loaded.settings.model_roots)
+    roots += [str(p) for p in default_store_roots() if str(p) not in roots]
+    return roots
+
+
+def cmd_scan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    roots = _scan_roots(args.paths, err)
+    if not roots:
+        print(
+            "qmgui: no model folders configured and no LM Studio, Ollama or Hugging Face "
+            "store found; pass a folder: qmgui scan ~/models",
+            file=err,
+        )
+        return EXIT_OK
+    if args.no_cache:
+        result = scan(roots)
+    else:
+        with SqliteHeaderCache() as cache:
+            result = scan(roots, cache=cache)
+            if cache.disabled_reason:
+                print(f"qmgui: header cache off: {cache.disabled_reason}", file=err)
+    for problem in result.problems:
+        print(f"qmgui: {problem.path}: {problem.reason}", file=err)
+    if args.json:
+        json.dump([m.to_json() for m in result.models], out, indent=2)
+        out.write("\n")
+    else:
+        _print_table(result, out)
+    return EXIT_OK
+
+
+def _print_table(result: ScanResult, out: TextIO) -> None:
+    if not result.models:
+        print("No models found.", file=out)
+        return
+    header = ("NAME", "CLASS", "ARCH", "QUANT", "SIZE", "CONTEXT", "SOURCE")
+    rows = [_row(m) for m in result.models]
+    widths = [min(max(len(r[i]) for r in [header, *rows]), 48) for i in range(len(header))]
+    for r in [header, *rows]:
+        print("  ".join(c[:48].ljust(w) for c, w in zip(r, widths, strict=True)).rstrip(), file=out)
+    for m in result.models:
+        if m.error:
+            print(f"! {m.name}: {m.error} [{m.path}]", file=out)
+    n_err = sum(1 for m in result.models if m.error)
+    summary = f"{len(result.models)} models"
+    if n_err:
+        summary += f", {n_err} with errors"
+    print(summary, file=out)
+
+
+def _row(m: ModelEntry) -> tuple[str, ...]:
+    meta = m.meta
+    name = m.name + (" [+mmproj]" if m.mmproj else "")
+    if len(m.shards) > 1:
+        name += f" [{len(m.shards)} shards]"
+    return (
+        ("! " if m.error else "") + name,
+        meta.model_class.value if meta else "-",
+        meta.architecture if meta else "-",
+        (meta.quant or "-") if meta else "-",
+        format_bytes(m.size_bytes),
+        str(meta.context_length) if meta and meta.context_length else "-",
+        m.source,
+    )
+
+
+if __name__ == "__main__":  # pragma: no cover
+    os._exit(main())

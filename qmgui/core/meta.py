@@ -1,0 +1,474 @@
+"""Normalised model metadata: one `ModelMeta` for a GGUF header or a Hugging Face config.
+
+Everything the sizing core needs is resolved here, per layer where models vary per layer (KV
+heads, sliding-window layers, recurrent layers), so the sizing code never reads raw keys.
+Per-architecture defaults mirror llama.cpp's `llama-model.cpp` (hparams loading); where a key
+is missing and no default is known the field is None, never a guess.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gguf import LlamaFileType
+
+from qmgui.core.gguf_header import ArrayInfo, GGUFHeader, MetaValue, TensorInfo
+
+
+class ModelClass(str, enum.Enum):
+    """What a model is for; decides which engine kind serves it."""
+
+    LLM = "llm"
+    EMBEDDING = "embedding"
+    RERANK = "rerank"
+    IMAGE = "image"
+    TTS = "tts"
+    ASR = "asr"
+    PROJECTOR = "projector"  # an attachment (mmproj), never listed as a model of its own
+
+
+class Pooling(str, enum.Enum):
+    NONE = "none"
+    MEAN = "mean"
+    CLS = "cls"
+    LAST = "last"
+    RANK = "rank"
+
+
+_POOLING_BY_ID = {
+    0: Pooling.NONE,
+    1: Pooling.MEAN,
+    2: Pooling.CLS,
+    3: Pooling.LAST,
+    4: Pooling.RANK,
+}
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One weight tensor: name, storage type label (Q4_K, BF16...), shape, bytes."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class MlaDims:
+    """Multi-head latent attention (DeepSeek-V2/V3, Kimi): the compressed KV dimensions."""
+
+    kv_lora_rank: int
+    q_lora_rank: int | None
+    rope_dim: int | None  # qk_rope_head_dim
+    key_length_mla: int | None  # per-head K size before compression (None on old GGUFs)
+    value_length_mla: int | None
+
+
+@dataclass(frozen=True)
+class SsmDims:
+    """Mamba / gated-delta-net state dimensions."""
+
+    conv_kernel: int
+    inner_size: int
+    state_size: int
+    group_count: int
+    time_step_rank: int | None
+
+
+@dataclass(frozen=True)
+class RwkvDims:
+    head_size: int
+    token_shift_count: int
+
+
+@dataclass(frozen=True)
+class ModelMeta:
+    """What one model is, read from its header only."""
+
+    format: str  # "gguf" or "hf"
+    architecture: str
+    name: str
+    model_class: ModelClass
+    quant: str | None
+    param_count: int | None
+    weight_bytes: int
+    context_length: int | None
+    n_layer: int
+    n_embd: int
+    n_head: tuple[int, ...]  # per layer
+    n_head_kv: tuple[int, ...]  # per layer; 0 where a layer has no attention KV
+    head_dim_k: int | None
+    head_dim_v: int | None
+    n_ff: tuple[int, ...] = ()
+    vocab_size: int | None = None
+    sliding_window: int | None = None
+    swa_layers: tuple[bool, ...] = ()  # per layer: True where attention slides
+    mla: MlaDims | None = None
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_expert_shared: int = 0
+    leading_dense_layers: int = 0
+    nextn_layers: int = 0  # MTP / NextN blocks, counted inside n_layer
+    ssm: SsmDims | None = None
+    rwkv: RwkvDims | None = None
+    recurrent_layers: tuple[bool, ...] = ()  # per layer: True where the layer keeps a state
+    shortconv_l_cache: int | None = None  # LFM2 short-convolution cache length
+    shared_kv_layers: int = 0  # Gemma 3n: trailing layers that reuse earlier KV
+    pooling: Pooling = Pooling.NONE
+    causal: bool = True
+    tied_embeddings: bool = False
+    tensors: tuple[TensorEntry, ...] = ()
+    bytes_per_layer: tuple[int, ...] = ()  # weights of blk.N / model.layers.N
+    non_layer_bytes: int = 0  # embeddings, output, norms
+    dtypes: Mapping[str, int] = field(default_factory=dict)  # dtype label -> bytes
+    warnings: tuple[str, ...] = ()  # things a user should know (old MLA GGUF, unknown arch)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_expert > 0
+
+    @property
+    def is_recurrent(self) -> bool:
+        return any(self.recurrent_layers)
+
+
+# --- GGUF ------------------------------------------------------------------------------------
+
+EMBEDDING_ARCHS = frozenset(
+    {
+        "bert",
+        "modern-bert",
+        "nomic-bert",
+        "nomic-bert-moe",
+        "neo-bert",
+        "jina-bert-v2",
+        "jina-bert-v3",
+        "eurobert",
+        "t5encoder",
+        "gemma-embedding",
+        "llama-embed",
+        "pangu-embedded",
+    }
+)
+# city96's ComfyUI-GGUF and stable-diffusion.cpp write these for diffusion models
+IMAGE_ARCHS = frozenset(
+    {
+        "flux",
+        "sd1",
+        "sdxl",
+        "sd3",
+        "aura",
+        "hidream",
+        "cosmos",
+        "ltxv",
+        "hyvid",
+        "wan",
+        "lumina2",
+        "qwen_image",
+        "chroma",
+        "hunyuan",
+        "mochi",
+    }
+)
+TTS_ARCHS = frozenset({"wavtokenizer-dec", "outetts", "orpheus", "kokoro"})
+PURE_RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
+# hybrids whose attention layers are those with head_count_kv > 0
+HYBRID_BY_KV_ARCHS = frozenset(
+    {
+        "jamba",
+        "granitehybrid",
+        "lfm2",
+        "lfm2moe",
+        "plamo2",
+        "nemotron_h",
+        "nemotron_h_moe",
+        "kimi-linear",
+    }
+)
+INTERVAL_HYBRID_ARCHS = frozenset({"qwen3next", "qwen35", "qwen35moe"})
+MLA_ARCHS = frozenset(
+    {"deepseek2", "deepseek2ocr", "kimi-linear", "minicpm3", "glm-dsa", "mistral4"}
+)
+# The period of llama.cpp's set_swa_pattern per architecture when the GGUF carries no
+# sliding_window_pattern: every period-th layer is full attention, the others slide.
+SWA_PERIOD = {
+    "gemma2": 2,
+    "gemma3": 6,
+    "gemma3n": 5,
+    "gemma-embedding": 6,
+    "cohere2": 4,
+    "gpt-oss": 2,
+    "llama4": 4,
+    "exaone4": 4,
+    "olmo2": 4,
+    "smallthinker": 4,
+    "exaone-moe": 4,
+    "afmoe": 4,
+    "gemma4": 6,
+    "step35": 4,
+    "mimo2": 4,
+}
+
+_BLK = re.compile(r"^blk\.(\d+)\.")
+_SPLIT_SUFFIX = re.compile(r"-\d{5}-of-\d{5}$")
+
+
+class _Keys:
+    """Typed access to `{arch}.*` keys of one header."""
+
+    def __init__(self, md: Mapping[str, MetaValue], arch: str) -> None:
+        self.md = md
+        self.arch = arch
+
+    def raw(self, key: str) -> MetaValue | None:
+        return self.md.get(f"{self.arch}.{key}")
+
+    def get_int(self, key: str, default: int | None = None) -> int | None:
+        v = self.raw(key)
+        if isinstance(v, bool):
+            return int(v)
+        if isinstance(v, int):
+            return v
+        if isinstance(v, float) and v.is_integer():
+            return int(v)
+        if isinstance(v, tuple) and v and all(isinstance(x, int) for x in v):
+            return max(v)  # type: ignore[type-var,return-value]
+        return default
+
+    def per_layer(self, key: str, n_layer: int, default: int = 0) -> tuple[int, ...]:
+        """A scalar repeated per layer, or a per-layer array read element by element."""
+        v = self.raw(key)
+        if isinstance(v, tuple) and all(isinstance(x, (int, float)) for x in v):
+            vals = tuple(int(x) for x in v)  # type: ignore[arg-type]
+            if len(vals) >= n_layer:
+                return vals[:n_layer]
+            return vals + (vals[-1] if vals else default,) * (n_layer - len(vals))
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return (int(v),) * n_layer
+        return (default,) * n_layer
+
+
+def _str(md: Mapping[str, MetaValue], key: str) -> str | None:
+    v = md.get(key)
+    return v if isinstance(v, str) and v else None
+
+
+def gguf_display_name(header: GGUFHeader, fallback: str) -> str:
+    name = _str(header.metadata, "general.name")
+    if name:
+        return name
+    return _SPLIT_SUFFIX.sub("", fallback)
+
+
+def gguf_quant_label(header: GGUFHeader) -> str | None:
+    ft = header.metadata.get("general.file_type")
+    if isinstance(ft, int) and not isinstance(ft, bool):
+        try:
+            name = LlamaFileType(ft).name
+        except ValueError:
+            name = ""
+        if name and name != "GUESSED":
+            return name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    # no file_type: the storage type holding most of the weight bytes
+    by_type: dict[str, int] = {}
+    for t in header.tensors:
+        by_type[t.type_name] = by_type.get(t.type_name, 0) + t.nbytes
+    return max(by_type, key=lambda k: by_type[k]) if by_type else None
+
+
+def _layer_bytes(tensors: Sequence[TensorInfo], n_layer: int) -> tuple[tuple[int, ...], int]:
+    per = [0] * n_layer
+    other = 0
+    for t in tensors:
+        m = _BLK.match(t.name)
+        if m and int(m.group(1)) < n_layer:
+            per[int(m.group(1))] += t.nbytes
+        else:
+            other += t.nbytes
+    return tuple(per), other
+
+
+def _swa_layers(k: _Keys, arch: str, n_layer: int, n_swa: int | None) -> tuple[bool, ...]:
+    if not n_swa:
+        return (False,) * n_layer
+    pattern = k.raw("attention.sliding_window_pattern")
+    if isinstance(pattern, tuple) and pattern and all(isinstance(x, bool) for x in pattern):
+        flags = tuple(bool(x) for x in pattern)
+        return (flags + (flags[-1],) * n_layer)[:n_layer]
+    period = pattern if isinstance(pattern, int) and not isinstance(pattern, bool) else None
+    if period is None:
+        period = SWA_PERIOD.get(arch)
+    if period is None:
+        # a window without a known pattern: llama.cpp slides every layer (pattern 0)
+        return (True,) * n_layer
+    if period == 0:
+        return (True,) * n_layer
+    return tuple(il % period < period - 1 for il in range(n_layer))
+
+
+def _recurrent_layers(
+    k: _Keys, arch: str, n_layer: int, kv: tuple[int, ...], ff: tuple[int, ...]
+) -> tuple[bool, ...]:
+    if arch in PURE_RECURRENT_ARCHS:
+        return (True,) * n_layer
+    if arch in INTERVAL_HYBRID_ARCHS:
+        arr = k.raw("recurrent_layers")
+        if isinstance(arr, tuple) and arr:
+            flags = tuple(bool(x) for x in arr)
+            return (flags + (False,) * n_layer)[:n_layer]
+        interval = k.get_int("full_attention_interval", 4) or 4
+        return tuple((il + 1) % interval != 0 for il in range(n_layer))
+    if arch in ("nemotron_h", "nemotron_h_moe"):
+        # attention layers have KV heads, MLP-only layers have a feed-forward, the rest are SSM
+        return tuple(kv[il] == 0 and ff[il] == 0 for il in range(n_layer))
+    if arch == "falcon-h1":
+        return (True,) * n_layer  # every layer has both an SSM and attention
+    if arch in HYBRID_BY_KV_ARCHS:
+        return tuple(h == 0 for h in kv)
+    return (False,) * n_layer
+
+
+def _classify_gguf(
+    header: GGUFHeader, arch: str, pooling: Pooling, causal: bool, name: str
+) -> ModelClass:
+    md = header.metadata
+    gtype = _str(md, "general.type")
+    if arch == "clip" or gtype == "mmproj":
+        return ModelClass.PROJECTOR
+    if pooling == Pooling.RANK:
+        return ModelClass.RERANK
+    if arch in EMBEDDING_ARCHS or (pooling != Pooling.NONE and not causal):
+        return ModelClass.EMBEDDING
+    if pooling in (Pooling.MEAN, Pooling.CLS, Pooling.LAST):
+        return ModelClass.EMBEDDING  # e.g. Qwen3-Embedding: a causal LM with last-token pooling
+    if arch in IMAGE_ARCHS or any(
+        t.name.startswith(("model.diffusion_model.", "double_blocks.")) for t in header.tensors[:8]
+    ):
+        return ModelClass.IMAGE
+    if arch in TTS_ARCHS or re.search(r"\b(?:oute)?tts\b", name, re.IGNORECASE):
+        return ModelClass.TTS
+    if arch == "whisper":
+        return ModelClass.ASR
+    return ModelClass.LLM
+
+
+def meta_from_gguf(
+    header: GGUFHeader, *, file_name: str, more_shards: Sequence[GGUFHeader] = ()
+) -> ModelMeta:
+    """Normalise one GGUF header; for a split set, `header` is the first shard's and the
+    tensor tables of `more_shards` are added to it."""
+    md = header.metadata
+    all_tensors = [t for h in (header, *more_shards) for t in h.tensors]
+    arch = _str(md, "general.architecture") or "unknown"
+    k = _Keys(md, arch)
+    warnings: list[str] = []
+    n_layer = k.get_int("block_count", 0) or 0
+    n_embd = k.get_int("embedding_length", 0) or 0
+    n_head = k.per_layer("attention.head_count", n_layer)
+    n_head_kv_raw = k.raw("attention.head_count_kv")
+    n_head_kv = (
+        k.per_layer("attention.head_count_kv", n_layer) if n_head_kv_raw is not None else n_head
+    )
+    n_ff = k.per_layer("feed_forward_length", n_layer)
+    head0 = next((h for h in n_head if h), 0)
+    head_dim_k = k.get_int("attention.key_length") or (n_embd // head0 if head0 else None)
+    head_dim_v = k.get_int("attention.value_length") or (n_embd // head0 if head0 else None)
+
+    mla = None
+    kv_lora = k.get_int("attention.kv_lora_rank")
+    if kv_lora:
+        mla = MlaDims(
+            kv_lora_rank=kv_lora,
+            q_lora_rank=k.get_int("attention.q_lora_rank"),
+            rope_dim=k.get_int("rope.dimension_count"),
+            key_length_mla=k.get_int("attention.key_length_mla"),
+            value_length_mla=k.get_int("attention.value_length_mla"),
+        )
+        if mla.key_length_mla is None and arch in MLA_ARCHS:
+            warnings.append(
+                "old MLA GGUF (no key_length_mla): llama.cpp caches full K and V "
+                "for it, far more memory than a re-converted file"
+            )
+
+    ssm = None
+    if k.get_int("ssm.state_size"):
+        ssm = SsmDims(
+            conv_kernel=k.get_int("ssm.conv_kernel", 0) or 0,
+            inner_size=k.get_int("ssm.inner_size", 0) or 0,
+            state_size=k.get_int("ssm.state_size", 0) or 0,
+            group_count=k.get_int("ssm.group_count", 0) or 0,
+            time_step_rank=k.get_int("ssm.time_step_rank"),
+        )
+    rwkv = None
+    if k.get_int("wkv.head_size"):
+        rwkv = RwkvDims(
+            head_size=k.get_int("wkv.head_size", 0) or 0,
+            token_shift_count=k.get_int("token_shift_count", 2) or 2,
+        )
+
+    pooling_id = k.get_int("pooling_type")
+    pooling = _POOLING_BY_ID.get(pooling_id or 0, Pooling.NONE)
+    causal_raw = k.raw("attention.causal")
+    causal = bool(causal_raw) if isinstance(causal_raw, bool) else arch not in EMBEDDING_ARCHS
+    n_swa = k.get_int("attention.sliding_window") or None
+    if arch == "llama4" and not n_swa:
+        n_swa = k.get_int("attention.chunk_size") or None  # llama4 "chunked" attention
+
+    names = {t.name for t in all_tensors}
+    vocab = k.get_int("vocab_size")
+    if vocab is None:
+        tokens = md.get("tokenizer.ggml.tokens")
+        if isinstance(tokens, ArrayInfo):
+            vocab = tokens.count
+        elif isinstance(tokens, tuple):
+            vocab = len(tokens)
+    per_layer, other = _layer_bytes(all_tensors, n_layer)
+    dtypes: dict[str, int] = {}
+    for t in all_tensors:
+        dtypes[t.type_name] = dtypes.get(t.type_name, 0) + t.nbytes
+    name = gguf_display_name(header, file_name)
+    if arch == "unknown":
+        warnings.append("no general.architecture key; not a model llama.cpp can load")
+    return ModelMeta(
+        format="gguf",
+        architecture=arch,
+        name=name,
+        model_class=_classify_gguf(header, arch, pooling, causal, name),
+        quant=gguf_quant_label(header),
+        param_count=sum(t.n_elements for t in all_tensors) or None,
+        weight_bytes=sum(t.nbytes for t in all_tensors),
+        context_length=k.get_int("context_length"),
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_dim_k=head_dim_k,
+        head_dim_v=head_dim_v,
+        n_ff=n_ff,
+        vocab_size=vocab,
+        sliding_window=n_swa,
+        swa_layers=_swa_layers(k, arch, n_layer, n_swa),
+        mla=mla,
+        n_expert=k.get_int("expert_count", 0) or 0,
+        n_expert_used=k.get_int("expert_used_count", 0) or 0,
+        n_expert_shared=k.get_int("expert_shared_count", 0) or 0,
+        leading_dense_layers=k.get_int("leading_dense_block_count", 0) or 0,
+        nextn_layers=k.get_int("nextn_predict_layers", 0) or 0,
+        ssm=ssm,
+        rwkv=rwkv,
+        recurrent_layers=_recurrent_layers(k, arch, n_layer, n_head_kv, n_ff),
+        shortconv_l_cache=k.get_int("shortconv.l_cache"),
+        shared_kv_layers=k.get_int("attention.shared_kv_layers", 0) or 0,
+        pooling=pooling,
+        causal=causal,
+        tied_embeddings="output.weight" not in names and "token_embd.weight" in names,
+        tensors=tuple(TensorEntry(t.name, t.type_name, t.shape, t.nbytes) for t in all_tensors),
+        bytes_per_layer=per_layer,
+        non_layer_bytes=other,
+        dtypes=dtypes,
+        warnings=tuple(warnings),
+    )

@@ -1,0 +1,29 @@
+"""Byte and count formatting shared by the CLI and the window."""
+
+from __future__ import annotations
+
+KIB = 1024
+MIB = 1024**2
+GIB = 1024**3
+
+
+def format_bytes(n: int | None) -> str:
+    """`1536 -> '1.5 KiB'`; binary units, because that is how VRAM is sold and reported."""
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_count(n: int | None) -> str:
+    """Parameter counts the way model cards write them: 7.6B, 135M."""
+    if n is None:
+        return "-"
+    for div, suffix in ((10**12, "T"), (10**9, "B"), (10**6, "M"), (10**3, "K")):
+        if n >= div:
+            return f"{n / div:.1f}{suffix}"
+    return str(n)

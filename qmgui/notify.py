@@ -1,0 +1,173 @@
+"""The one notifier: every message meant for the user passes through here.
+
+Deep code (settings, discovery, engines) calls ``notify.warning("…")`` instead of opening a
+dialog; the GUI subscribes and shows the messages on its own thread, the CLI prints them, and
+tests read ``history`` or subscribe. Callbacks run on the thread that posted the message, after
+the lock is released, so a subscriber may post or (un)subscribe from inside its callback; a GUI
+subscriber must marshal to its thread itself (e.g. through a queued signal).
+
+Tests get a fresh notifier with ``Notifier()``, or reset the module-level one with
+``notifier.clear()``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from enum import Enum
+
+__all__ = [
+    "HISTORY_SIZE",
+    "Level",
+    "Message",
+    "Notifier",
+    "Subscriber",
+    "error",
+    "info",
+    "notifier",
+    "warning",
+]
+
+HISTORY_SIZE = 200
+"""Messages kept for a log view opened late; older ones are dropped first."""
+
+_log = logging.getLogger(__name__)
+
+
+class Level(Enum):
+    """How much a message matters to the user."""
+
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+_LOG_LEVELS = {Level.INFO: logging.INFO, Level.WARNING: logging.WARNING, Level.ERROR: logging.ERROR}
+
+
+def _utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message: ``text`` is the sentence shown, ``detail`` the optional longer part
+    (a log excerpt, a traceback), ``source`` the part of qmgui that spoke (e.g. "settings")."""
+
+    level: Level
+    text: str
+    detail: str | None = None
+    source: str | None = None
+    time: datetime = field(default_factory=_utc_now)  # aware, UTC
+
+    def __str__(self) -> str:
+        where = f"[{self.source}] " if self.source else ""
+        return f"{self.level.value}: {where}{self.text}"
+
+
+Subscriber = Callable[[Message], None]
+
+
+class Notifier:
+    """Posts messages to subscribers and keeps the last ``history_size`` of them; thread-safe."""
+
+    def __init__(self, *, history_size: int = HISTORY_SIZE) -> None:
+        if history_size < 1:
+            raise ValueError(f"history_size must be at least 1, not {history_size}")
+        self._lock = threading.Lock()
+        self._history: deque[Message] = deque(maxlen=history_size)
+        # Keyed by a token, not by the callback: the same callable may subscribe twice, and
+        # bound methods compare equal without being the same object.
+        self._subscribers: dict[int, Subscriber] = {}
+        self._tokens = itertools.count()
+
+    def info(self, text: str, *, detail: str | None = None, source: str | None = None) -> Message:
+        """Post an informational message."""
+        return self.post(Message(Level.INFO, text, detail, source))
+
+    def warning(
+        self, text: str, *, detail: str | None = None, source: str | None = None
+    ) -> Message:
+        """Post a warning: something did not work as asked, qmgui carried on."""
+        return self.post(Message(Level.WARNING, text, detail, source))
+
+    def error(self, text: str, *, detail: str | None = None, source: str | None = None) -> Message:
+        """Post an error: something the user asked for failed."""
+        return self.post(Message(Level.ERROR, text, detail, source))
+
+    def post(self, message: Message) -> Message:
+        """Record ``message``, log it, and hand it to every subscriber; returns it."""
+        with self._lock:
+            self._history.append(message)
+            subscribers = list(self._subscribers.values())
+        _log.log(_LOG_LEVELS[message.level], "%s", message)
+        for callback in subscribers:
+            try:
+                callback(message)
+            except Exception:
+                # One broken subscriber must neither hide the message from the others nor
+                # turn a warning into a crash of the code that posted it.
+                _log.exception("notifier subscriber %r failed on %r", callback, message.text)
+        return message
+
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+        """Call ``callback`` with every later message; returns a function that unsubscribes.
+
+        Unsubscribing twice is harmless. Messages already posted are in ``history``.
+        """
+        with self._lock:
+            token = next(self._tokens)
+            self._subscribers[token] = callback
+
+        def unsubscribe() -> None:
+            with self._lock:
+                self._subscribers.pop(token, None)
+
+        return unsubscribe
+
+    @property
+    def history(self) -> tuple[Message, ...]:
+        """The kept messages, oldest first (a snapshot)."""
+        with self._lock:
+            return tuple(self._history)
+
+    @property
+    def subscriber_count(self) -> int:
+        with self._lock:
+            return len(self._subscribers)
+
+    def clear_history(self) -> None:
+        """Forget the kept messages; subscribers stay (a log view's "Clear" button)."""
+        with self._lock:
+            self._history.clear()
+
+    def clear(self) -> None:
+        """Forget history and subscribers, as if newly built (for test isolation)."""
+        with self._lock:
+            self._history.clear()
+            self._subscribers.clear()
+
+
+notifier = Notifier()
+"""The application's notifier. The functions below look it up at each call, so a test may
+replace it (``monkeypatch.setattr(notify, "notifier", Notifier())``) or ``clear()`` it."""
+
+
+def info(text: str, *, detail: str | None = None, source: str | None = None) -> Message:
+    """Post an informational message to the application's notifier."""
+    return notifier.info(text, detail=detail, source=source)
+
+
+def warning(text: str, *, detail: str | None = None, source: str | None = None) -> Message:
+    """Post a warning to the application's notifier."""
+    return notifier.warning(text, detail=detail, source=source)
+
+
+def error(text: str, *, detail: str | None = None, source: str | None = None) -> Message:
+    """Post an error to the application's notifier."""
+    return notifier.error(text, detail=detail, source=source)
