@@ -136,6 +136,10 @@ def read_gguf_header(path: str | os.PathLike[str]) -> GGUFHeader:
             return _Parser(f, fspath, size).parse()
     except ModelReadError:
         raise
+    except (struct.error, OverflowError, ValueError) as e:
+        # every length is checked before use, so this is a reader bug; still the user's
+        # file is what triggered it, and the scan must go on
+        raise ModelReadError(fspath, f"malformed header ({type(e).__name__}: {e})") from e
     except IsADirectoryError as e:
         raise ModelReadError(fspath, "is a folder, not a GGUF file") from e
     except FileNotFoundError as e:
@@ -253,7 +257,7 @@ class _Cursor:
                     pos += 8 + unpack(buf, pos)[0]
                 for _ in range(batch & 3):
                     pos += 8 + unpack(buf, pos)[0]
-            except struct.error:
+            except (struct.error, OverflowError):  # a length ran outside the window
                 pos = -1
             if 0 <= pos <= len(buf):
                 self.pos = pos

@@ -1,0 +1,19 @@
+"""Shared test harness: every test runs with its own config and cache folders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _isolated_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test reads or writes the developer's own settings or caches."""
+    base = tmp_path_factory.mktemp("qmgui-home")
+    monkeypatch.setenv("QMGUI_CONFIG_DIR", str(base / "config"))
+    monkeypatch.setenv("QMGUI_CACHE_DIR", str(base / "cache"))
+    monkeypatch.setenv("HOME", str(base / "home"))
+    for var in ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "OLLAMA_MODELS"):
+        monkeypatch.delenv(var, raising=False)
+    Path(base / "home").mkdir()
