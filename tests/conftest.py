@@ -8,7 +8,9 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
-def _isolated_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+def _isolated_dirs(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """No test reads or writes the developer's own settings or caches."""
     base = tmp_path_factory.mktemp("qmgui-home")
     monkeypatch.setenv("QMGUI_CONFIG_DIR", str(base / "config"))

@@ -32,5 +32,9 @@ def kv_array_header(key: str, elem_type: int, count: int) -> bytes:
 
 
 def tensor_info(name: str, shape: tuple[int, ...], ggml_type: int = 0, offset: int = 0) -> bytes:
-    return (gstr(name) + struct.pack("<I", len(shape)) + b"".join(struct.pack("<Q", d) for d in shape)
-            + struct.pack("<IQ", ggml_type, offset))
+    return (
+        gstr(name)
+        + struct.pack("<I", len(shape))
+        + b"".join(struct.pack("<Q", d) for d in shape)
+        + struct.pack("<IQ", ggml_type, offset)
+    )

@@ -265,7 +265,9 @@ def test_realistic_vocabulary_stays_within_memory(tmp_path: Path) -> None:
     assert peak < MEMORY_LIMIT
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(st.binary(max_size=2048))
 def test_random_bytes_raise_only_model_read_error(tmp_path: Path, blob: bytes) -> None:
     p = tmp_path / "random.gguf"
@@ -277,7 +279,9 @@ def test_random_bytes_raise_only_model_read_error(tmp_path: Path, blob: bytes) -
             assert not e.reason.startswith("malformed header ("), e.reason  # the safety net
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data())
 def test_mutated_real_file_raises_only_model_read_error(
     small: Path, tmp_path: Path, data: st.DataObject

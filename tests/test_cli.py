@@ -1,0 +1,90 @@
+"""`qmgui scan`: the table for people, `--json` for scripts, exit codes."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qmgui.cli import main
+from qmgui.settings import Settings, save_settings
+from tests.synth.factory import PRESETS, write_gguf
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def models(tmp_path: Path) -> Path:
+    write_gguf(tmp_path / "m" / "tiny-llama.gguf", PRESETS["llama"])
+    (tmp_path / "m" / "broken.gguf").write_bytes(b"GGUF\3\0\0\0")
+    return tmp_path / "m"
+
+
+def test_scan_json(models: Path) -> None:
+    code, out, _ = run("scan", str(models), "--json")
+    assert code == 0
+    rows = {r["name"]: r for r in json.loads(out)}
+    assert set(rows) == {"tiny-llama", "broken"}
+    good = rows["tiny-llama"]
+    assert good["format"] == "gguf"
+    assert good["architecture"] == "llama"
+    assert good["class"] == "llm"
+    assert good["shards"] == [str(models / "tiny-llama.gguf")]
+    assert good["mmproj"] is None
+    assert good["error"] is None
+    assert isinstance(good["context_length"], int)
+    assert rows["broken"]["error"]
+
+
+def test_scan_table(models: Path) -> None:
+    code, out, _ = run("scan", str(models))
+    assert code == 0
+    assert "tiny-llama" in out
+    assert "NAME" in out.splitlines()[0]
+    assert "2 models, 1 with errors" in out
+
+
+def test_problems_go_to_stderr_and_exit_zero(tmp_path: Path) -> None:
+    code, out, err = run("scan", str(tmp_path / "gone"))
+    assert code == 0
+    assert "not found" in err
+    assert "No models found." in out
+
+
+def test_usage_error_exits_2() -> None:
+    code, _, _ = run("scan", "--bogus")
+    assert code == 2
+    code, _, _ = run("frobnicate")
+    assert code == 2
+
+
+def test_scan_without_paths_uses_configured_roots(models: Path) -> None:
+    save_settings(Settings(model_roots=[str(models)]))
+    code, out, _ = run("scan", "--json")
+    assert code == 0
+    assert {r["name"] for r in json.loads(out)} == {"tiny-llama", "broken"}
+
+
+def test_scan_without_roots_says_what_to_do() -> None:
+    code, _, err = run("scan")
+    assert code == 0
+    assert "qmgui scan ~/models" in err
+
+
+def test_module_entry_point(models: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "qmgui", "scan", str(models), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert len(json.loads(out.stdout)) == 2
