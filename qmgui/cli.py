@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from qmgui import __version__
+from qmgui import __version__, notify
 from qmgui.cache import SqliteHeaderCache
 from qmgui.core.discovery import ModelEntry, ScanResult, scan
 from qmgui.core.units import format_bytes
@@ -50,30 +50,40 @@ def main(
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse exits 2 on usage errors, 0 on --help/--version
         return int(e.code or 0)
-    if args.command == "scan":
-        return cmd_scan(args, out, err)
-    parser.print_help(out)
-    return EXIT_OK
+    # every message for the user goes through the notifier; the CLI prints them on stderr
+    unsubscribe = notify.notifier.subscribe(lambda m: print(f"qmgui: {m.text}", file=err))
+    try:
+        if args.command is None:
+            # no window yet: show what qmgui finds on this machine, and how to ask for more
+            print(
+                "qmgui: scanning the configured roots and the LM Studio, Ollama and "
+                "Hugging Face stores; `qmgui --help` for more",
+                file=err,
+            )
+            args = parser.parse_args(["scan"])
+        return cmd_scan(args, out)
+    finally:
+        unsubscribe()
 
 
-def _scan_roots(paths: Sequence[str], err: TextIO) -> list[str]:
+def _scan_roots(paths: Sequence[str]) -> list[str]:
     if paths:
         return list(paths)
     loaded = load_settings()
     for message in loaded.messages:
-        print(f"qmgui: {message}", file=err)
+        notify.warning(message, source="settings")
     roots = list(loaded.settings.model_roots)
     roots += [str(p) for p in default_store_roots() if str(p) not in roots]
     return roots
 
 
-def cmd_scan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    roots = _scan_roots(args.paths, err)
+def cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
+    roots = _scan_roots(args.paths)
     if not roots:
-        print(
-            "qmgui: no model folders configured and no LM Studio, Ollama or Hugging Face "
-            "store found; pass a folder: qmgui scan ~/models",
-            file=err,
+        notify.info(
+            "no model folders configured and no LM Studio, Ollama or Hugging Face store "
+            "found; pass a folder: qmgui scan ~/models",
+            source="scan",
         )
         return EXIT_OK
     if args.no_cache:
@@ -82,9 +92,9 @@ def cmd_scan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         with SqliteHeaderCache() as cache:
             result = scan(roots, cache=cache)
             if cache.disabled_reason:
-                print(f"qmgui: header cache off: {cache.disabled_reason}", file=err)
+                notify.warning(f"header cache off: {cache.disabled_reason}", source="cache")
     for problem in result.problems:
-        print(f"qmgui: {problem.path}: {problem.reason}", file=err)
+        notify.warning(f"{problem.path}: {problem.reason}", source="scan")
     if args.json:
         json.dump([m.to_json() for m in result.models], out, indent=2)
         out.write("\n")

@@ -11,12 +11,13 @@ memory. Reading a file is the only side effect; nothing is written.
 
 from __future__ import annotations
 
+import io
 import os
 import struct
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import BinaryIO, Union
+from typing import Union
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
@@ -170,7 +171,7 @@ class _Cursor:
 
     __slots__ = ("base", "buf", "end", "file", "path", "pos", "size")
 
-    def __init__(self, f: BinaryIO, path: str, size: int) -> None:
+    def __init__(self, f: io.RawIOBase, path: str, size: int) -> None:
         self.file = f
         self.path = path
         self.size = size
@@ -305,7 +306,7 @@ class _Cursor:
 
 
 class _Parser:
-    def __init__(self, f: BinaryIO, path: str, size: int) -> None:
+    def __init__(self, f: io.RawIOBase, path: str, size: int) -> None:
         self.c = _Cursor(f, path, size)
         self.kept_bytes = 0
         self.alignment_value = DEFAULT_ALIGNMENT
