@@ -189,28 +189,37 @@ HYBRID_BY_KV_ARCHS = frozenset(
         "kimi-linear",
     }
 )
-INTERVAL_HYBRID_ARCHS = frozenset({"qwen3next", "qwen35", "qwen35moe"})
+INTERVAL_HYBRID_ARCHS = frozenset({"qwen3next", "qwen35", "qwen35moe", "qwen4exp", "minimax-01"})
 MLA_ARCHS = frozenset(
     {"deepseek2", "deepseek2ocr", "kimi-linear", "minicpm3", "glm-dsa", "mistral4"}
 )
-# The period of llama.cpp's set_swa_pattern per architecture when the GGUF carries no
-# sliding_window_pattern: every period-th layer is full attention, the others slide.
-SWA_PERIOD = {
-    "gemma2": 2,
-    "gemma3": 6,
-    "gemma3n": 5,
-    "gemma-embedding": 6,
-    "cohere2": 4,
-    "gpt-oss": 2,
-    "llama4": 4,
-    "exaone4": 4,
-    "olmo2": 4,
-    "smallthinker": 4,
-    "exaone-moe": 4,
-    "afmoe": 4,
-    "gemma4": 6,
-    "step35": 4,
-    "mimo2": 4,
+# llama.cpp's sliding-window layout per architecture when the GGUF carries no per-layer
+# sliding_window_pattern array (models/<arch>.cpp, load_swa_pattern / set_swa_pattern):
+# arch -> (period, dense_first, window used when the GGUF has none). With period p, layer il
+# slides when il % p < p - 1 (the last of each group is full attention); dense_first flips it
+# to il % p != 0. Period 0 means every layer slides, 1 that none does. An architecture not
+# listed here gets no sliding layers: charging full attention never under-estimates.
+SWA_RULES: dict[str, tuple[int, bool, int | None]] = {
+    "gemma2": (2, False, 4096),
+    "gemma3": (6, False, None),
+    "gemma3n": (5, False, None),
+    "gemma-embedding": (6, False, None),
+    "cohere2": (4, False, None),
+    "cohere2moe": (4, True, None),
+    "gpt-oss": (2, False, None),
+    "llama4": (4, False, 8192),
+    "exaone4": (4, False, None),
+    "exaone-moe": (4, False, None),
+    "olmo2": (4, False, None),
+    "afmoe": (4, False, None),
+    "smallthinker": (4, True, None),
+    "laguna": (4, True, None),
+    "mellum": (4, False, None),
+    "muse-glimmer": (4, False, None),
+    "plamo3": (8, False, None),
+    "modern-bert": (3, True, None),
+    "phi3": (1, False, None),
+    "deepseek4": (0, False, None),
 }
 
 _BLK = re.compile(r"^blk\.(\d+)\.")
@@ -296,17 +305,21 @@ def _swa_layers(k: _Keys, arch: str, n_layer: int, n_swa: int | None) -> tuple[b
     if not n_swa:
         return (False,) * n_layer
     pattern = k.raw("attention.sliding_window_pattern")
-    if isinstance(pattern, tuple) and pattern and all(isinstance(x, bool) for x in pattern):
+    if isinstance(pattern, tuple) and pattern:
         flags = tuple(bool(x) for x in pattern)
-        return (flags + (flags[-1],) * n_layer)[:n_layer]
-    period = pattern if isinstance(pattern, int) and not isinstance(pattern, bool) else None
-    if period is None:
-        period = SWA_PERIOD.get(arch)
-    if period is None:
-        # a window without a known pattern: llama.cpp slides every layer (pattern 0)
-        return (True,) * n_layer
+        return (flags + (False,) * n_layer)[:n_layer]
+    if arch in ("lfm2", "lfm2moe"):
+        return tuple(h > 0 for h in k.per_layer("attention.head_count_kv", n_layer))
+    rule = SWA_RULES.get(arch)
+    if rule is None:
+        return (False,) * n_layer
+    period, dense_first = rule[0], rule[1]
+    if isinstance(pattern, int) and not isinstance(pattern, bool):
+        period = pattern
     if period == 0:
         return (True,) * n_layer
+    if dense_first:
+        return tuple(il % period != 0 for il in range(n_layer))
     return tuple(il % period < period - 1 for il in range(n_layer))
 
 
@@ -328,7 +341,7 @@ def _recurrent_layers(
     if arch == "falcon-h1":
         return (True,) * n_layer  # every layer has both an SSM and attention
     if arch in HYBRID_BY_KV_ARCHS:
-        return tuple(h == 0 for h in kv)
+        return tuple(h == 0 for h in kv)  # llama.cpp: is_recr = n_head_kv(il) == 0
     return (False,) * n_layer
 
 
@@ -414,9 +427,10 @@ def meta_from_gguf(
     pooling = _POOLING_BY_ID.get(pooling_id or 0, Pooling.NONE)
     causal_raw = k.raw("attention.causal")
     causal = bool(causal_raw) if isinstance(causal_raw, bool) else arch not in EMBEDDING_ARCHS
-    n_swa = k.get_int("attention.sliding_window") or None
-    if arch == "llama4" and not n_swa:
-        n_swa = k.get_int("attention.chunk_size") or None  # llama4 "chunked" attention
+    n_swa = k.get_int("attention.sliding_window")
+    if n_swa is None and arch in SWA_RULES:
+        n_swa = SWA_RULES[arch][2]  # the engine's default window for this architecture
+    n_swa = n_swa or None
 
     names = {t.name for t in all_tensors}
     vocab = k.get_int("vocab_size")
