@@ -19,6 +19,7 @@ import re
 import stat
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
@@ -152,34 +153,31 @@ def scan(
         if stop():
             return ScanResult((), tuple(found.problems), cancelled=True)
     reader = _HeaderReader(cache)
-    groups = _group_ggufs(found.ggufs)
-    total = len(groups) + len(found.hf_folders) + len(found.ollama)
-    done = 0
-    models: list[ModelEntry] = []
-    for group in groups:
-        if stop():
-            return ScanResult(tuple(models), tuple(found.problems), cancelled=True)
-        if progress:
-            progress(done, total, group.first)
-        models.append(group.entry(reader, found.names))
-        done += 1
+    # each job reads one model: (path shown in progress, reader returning an entry or None)
+    jobs: list[tuple[str, Callable[[], ModelEntry | None]]] = []
+    for group in _group_ggufs(found.ggufs):
+        jobs.append((group.first, partial(group.entry, reader, found.names)))
     for folder, name, source in found.hf_folders:
+        jobs.append((folder, partial(_hf_entry, folder, name, source)))
+    for pending in found.ollama:
+        jobs.append((pending.path, partial(_read_ollama_entry, pending, reader)))
+    models: list[ModelEntry] = []
+    cancelled = False
+    for done, (path, job) in enumerate(jobs):
         if stop():
-            return ScanResult(tuple(models), tuple(found.problems), cancelled=True)
+            cancelled = True
+            break
         if progress:
-            progress(done, total, folder)
-        models.append(_hf_entry(folder, name, source))
-        done += 1
-    for entry in found.ollama:
+            progress(done, len(jobs), path)
+        entry = job()
+        if entry is not None:
+            models.append(entry)
+    else:
         if progress:
-            progress(done, total, entry.path)
-        models.append(_read_ollama_entry(entry, reader))
-        done += 1
-    if progress:
-        progress(total, total, "")
+            progress(len(jobs), len(jobs), "")
     models = _pair_header_projectors(models)
     models.sort(key=lambda m: (m.name.casefold(), m.path))
-    return ScanResult(tuple(models), tuple(found.problems))
+    return ScanResult(tuple(models), tuple(found.problems), cancelled=cancelled)
 
 
 # --- the walk ------------------------------------------------------------------------------
@@ -485,7 +483,9 @@ def _sentence(e: ModelReadError) -> str:
 # --- Hugging Face folders ------------------------------------------------------------------
 
 
-def _hf_entry(folder: str, name: str, source: str) -> ModelEntry:
+def _hf_entry(folder: str, name: str, source: str) -> ModelEntry | None:
+    """The entry for an HF folder; None when its config names no model qmgui serves (a
+    classifier, a diffusion component): such folders are not models, not broken ones."""
     cfg_path = os.path.join(folder, "config.json")
     try:
         files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
@@ -511,7 +511,7 @@ def _hf_entry(folder: str, name: str, source: str) -> ModelEntry:
         cfg = read_config(cfg_path)
         model_class = classify_hf(cfg)
         if model_class is None:
-            return replace(base, error="config.json names no model class qmgui can serve")
+            return None
         headers: list[SafetensorsHeader] = [read_safetensors_header(p) for p in paths]
     except ModelReadError as e:
         return replace(base, error=f"{os.path.basename(e.path)}: {_sentence(e)}")

@@ -80,10 +80,7 @@ def _grow_pairs(
             a = pool[-1 - int(rand() * min(len(pool), 4096))]
         else:
             a = letters[int(rand() * len(letters))]
-        if rand() < 0.5:
-            b = letters[int(rand() * len(letters))]
-        else:
-            b = pool[int(rand() * len(pool))]
+        b = letters[int(rand() * len(letters))] if rand() < 0.5 else pool[int(rand() * len(pool))]
         s = a + b
         if len(s) > max_chars or s in seen:
             continue
@@ -162,9 +159,7 @@ def wpm_vocab(n_vocab: int, *, seed: int = 0) -> Vocab:
     chars = [chr(c) for c in range(ord("a"), ord("z") + 1)] + list("0123456789.,!?'-")
     words = chars + ["##" + c for c in chars]
     n_grow = n_vocab - len(tokens) - len(words)
-    grown, _ = _grow_pairs(
-        chars[:26], set(tokens) | set(words), n_grow, seed=seed, max_chars=10
-    )
+    grown, _ = _grow_pairs(chars[:26], set(tokens) | set(words), n_grow, seed=seed, max_chars=10)
     words += [w if i % 2 == 0 else "##" + w for i, w in enumerate(grown)]
     tokens += words
     types += [TT_NORMAL] * len(words)

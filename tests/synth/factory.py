@@ -1,0 +1,508 @@
+"""Synthetic-model factory: tiny but *real* model files for tests and benchmarks.
+
+Every GGUF written here is meant to load in llama.cpp (``llama-server``): tensor names, shapes
+and required metadata keys follow llama.cpp's ``src/models/<arch>.cpp`` (``load_arch_hparams`` /
+``load_arch_tensors``), the tokenizer is one ``llama-vocab.cpp`` accepts, and the CLIP projector
+follows ``tools/mtmd/clip.cpp``. Weights are small deterministic random values.
+
+Public API:
+
+* :class:`SynthSpec`, :data:`PRESETS`
+* :func:`write_gguf`, :func:`write_split`, :func:`write_mmproj`
+* :func:`write_hf_folder`
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+
+from tests.synth._hf import write_hf_folder
+from tests.synth._layouts import TensorPlan, arch_enum, plan_tensors
+from tests.synth._mmproj import write_mmproj
+from tests.synth._tokenizer import Vocab, build_vocab
+from tests.synth._writer import FastGGUFWriter
+
+__all__ = [
+    "PRESETS",
+    "SynthSpec",
+    "plan_tensors",
+    "write_gguf",
+    "write_hf_folder",
+    "write_mmproj",
+    "write_split",
+]
+
+REALISTIC_VOCAB = 150_000
+
+_FILE_TYPES: dict[Q, gguf.LlamaFileType] = {
+    Q.F32: gguf.LlamaFileType.ALL_F32,
+    Q.F16: gguf.LlamaFileType.MOSTLY_F16,
+    Q.BF16: gguf.LlamaFileType.MOSTLY_BF16,
+    Q.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
+    Q.Q4_0: gguf.LlamaFileType.MOSTLY_Q4_0,
+}
+
+
+@dataclass(frozen=True)
+class SynthSpec:
+    """Hyper-parameters of one synthetic model (llama.cpp's names and meanings).
+
+    ``n_head_kv`` may be a per-layer tuple (0 marks a recurrent layer for granitehybrid and
+    lfm2, exactly as their GGUFs do). ``head_dim`` sets both key and value length;
+    ``key_length``/``value_length`` override it separately. Fields left at 0/None are not
+    written.
+    """
+
+    arch: str
+    name: str
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int | tuple[int, ...]
+    n_vocab: int = 512
+    context_length: int = 4096
+    head_dim: int | None = None
+    key_length: int | None = None
+    value_length: int | None = None
+    rope_dim: int | None = None
+    rope_freq_base: float = 10_000.0
+    norm_eps: float = 1e-5
+    weight_type: Q = Q.F16
+    embd_type: Q | None = None  # token_embd / output; None: same as weight_type
+    tied_embeddings: bool = False
+    tokenizer: str = "gpt2"  # "gpt2" (BPE) | "llama" (SPM) | "bert" (WPM)
+    tokenizer_pre: str | None = "default"
+    # mixture of experts
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    n_expert_shared: int = 0  # deepseek2: number of shared experts (each n_ff_exp wide)
+    n_ff_shexp: int = 0  # qwen3next / granite: shared-expert FFN width
+    n_layer_dense_lead: int = 0
+    expert_gating_func: int | None = None  # 1 softmax, 2 sigmoid
+    # sliding-window attention
+    sliding_window: int = 0
+    swa_pattern: int | None = None  # written only when set; arch default otherwise
+    # multi-head latent attention (deepseek2)
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    # recurrent layers (SSM / gated delta net / short conv)
+    ssm_d_conv: int = 0
+    ssm_d_inner: int = 0
+    ssm_d_state: int = 0
+    ssm_n_group: int = 0
+    ssm_dt_rank: int = 0
+    full_attention_interval: int = 0
+    shortconv_l_cache: int = 0
+    # embedding models
+    pooling_type: int | None = None  # gguf.PoolingType value
+    causal_attn: bool = True
+    file_type: int | None = None  # general.file_type; None: derived from weight_type
+    extra_kv: tuple[tuple[str, Any], ...] = ()  # ("{arch}.logit_scale", 8.0), ...
+
+    # --- derived values ---------------------------------------------------------------------
+
+    @property
+    def head_k(self) -> int:
+        return self.key_length or self.head_dim or self.n_embd // self.n_head
+
+    @property
+    def head_v(self) -> int:
+        return self.value_length or self.head_dim or self.n_embd // self.n_head
+
+    def kv_heads(self, il: int) -> int:
+        if isinstance(self.n_head_kv, tuple):
+            return self.n_head_kv[il]
+        return self.n_head_kv
+
+    def is_recurrent(self, il: int) -> bool:
+        if self.arch == "qwen3next":
+            return (il + 1) % (self.full_attention_interval or 4) != 0
+        if self.arch in ("granitehybrid", "lfm2"):
+            return self.kv_heads(il) == 0
+        return False
+
+    @property
+    def embedding_type(self) -> Q:
+        return self.embd_type if self.embd_type is not None else self.weight_type
+
+
+# --- presets -----------------------------------------------------------------------------------
+
+PRESETS: dict[str, SynthSpec] = {
+    # Llama-3 style: GQA, untied output head, llama-bpe tokenizer.
+    "llama": SynthSpec(
+        arch="llama", name="synth-llama", n_layer=2, n_embd=64, n_ff=128, n_head=4, n_head_kv=2,
+        rope_freq_base=500_000.0, tokenizer_pre="llama-bpe",
+    ),
+    # Qwen2 style: q/k/v biases, n_head * head_dim == n_embd.
+    "qwen2": SynthSpec(
+        arch="qwen2", name="synth-qwen2", n_layer=2, n_embd=64, n_ff=160, n_head=4, n_head_kv=2,
+        rope_freq_base=1_000_000.0, norm_eps=1e-6, context_length=32768, tokenizer_pre="qwen2",
+    ),
+    # Qwen3-MoE style: head_dim * n_head != n_embd, q/k norms, 8 experts top-2.
+    "qwen3moe": SynthSpec(
+        arch="qwen3moe", name="synth-qwen3moe", n_layer=2, n_embd=64, n_ff=192, n_head=4,
+        n_head_kv=2, head_dim=32, n_expert=8, n_expert_used=2, n_ff_exp=32,
+        rope_freq_base=1_000_000.0, norm_eps=1e-6, context_length=40960, tokenizer_pre="qwen2",
+    ),
+    # Gemma-3 style: 5 sliding-window layers then 1 global (pattern 6), tied, SPM vocab.
+    "gemma3": SynthSpec(
+        arch="gemma3", name="synth-gemma3", n_layer=6, n_embd=64, n_ff=128, n_head=4,
+        n_head_kv=1, head_dim=32, sliding_window=128, rope_freq_base=1_000_000.0,
+        norm_eps=1e-6, context_length=32768, tied_embeddings=True, tokenizer="llama",
+        tokenizer_pre=None, n_vocab=640,
+    ),
+    # DeepSeek-V3 style: MLA (q/kv LoRA, split k_b/v_b), 1 leading dense layer,
+    # 8 routed experts top-2 + 1 shared, sigmoid gating with exp_probs_b.
+    "deepseek2": SynthSpec(
+        arch="deepseek2", name="synth-deepseek2", n_layer=3, n_embd=64, n_ff=128, n_head=4,
+        n_head_kv=1, q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=16,
+        qk_nope_head_dim=32, v_head_dim=32, n_expert=8, n_expert_used=2, n_ff_exp=32,
+        n_expert_shared=1, n_layer_dense_lead=1, expert_gating_func=2, norm_eps=1e-6,
+        context_length=16384, tokenizer_pre="deepseek-v3",
+        extra_kv=(("{arch}.expert_weights_scale", 2.5), ("{arch}.expert_weights_norm", True)),
+    ),
+    # Qwen3-Next style: 3 gated-delta-net layers per full-attention layer, gated attention
+    # (q carries the gate), MoE with a gated shared expert, partial rotary (1/4).
+    "qwen3next": SynthSpec(
+        arch="qwen3next", name="synth-qwen3next", n_layer=4, n_embd=64, n_ff=128, n_head=4,
+        n_head_kv=2, head_dim=32, rope_dim=8, n_expert=8, n_expert_used=2, n_ff_exp=32,
+        n_ff_shexp=32, ssm_d_conv=4, ssm_d_state=16, ssm_n_group=2, ssm_dt_rank=4,
+        ssm_d_inner=64, full_attention_interval=4, norm_eps=1e-6, context_length=65536,
+        rope_freq_base=10_000_000.0, tokenizer_pre="qwen2",
+    ),
+    # Granite-4.0-H style: mamba2 layers with one attention layer (n_head_kv == 0 marks SSM).
+    "granitehybrid": SynthSpec(
+        arch="granitehybrid", name="synth-granitehybrid", n_layer=4, n_embd=64, n_ff=128,
+        n_head=4, n_head_kv=(0, 0, 2, 0), ssm_d_conv=4, ssm_d_inner=128, ssm_d_state=16,
+        ssm_n_group=1, ssm_dt_rank=8, context_length=131072, tied_embeddings=True,
+        tokenizer_pre="refact",
+        extra_kv=(
+            ("{arch}.attention.scale", 0.0078125),
+            ("{arch}.embedding_scale", 12.0),
+            ("{arch}.residual_scale", 0.22),
+            ("{arch}.logit_scale", 8.0),
+            ("{arch}.rope.scaling.finetuned", False),
+        ),
+    ),
+    # BERT/bge style embedding model: non-causal, mean pooling, WordPiece vocab.
+    "bert": SynthSpec(
+        arch="bert", name="synth-bert", n_layer=2, n_embd=64, n_ff=128, n_head=4, n_head_kv=4,
+        context_length=512, norm_eps=1e-12, tokenizer="bert", tokenizer_pre=None,
+        pooling_type=int(gguf.PoolingType.MEAN), causal_attn=False,
+    ),
+    # gpt-oss style: attention sinks, alternating sliding-window layers, biased experts.
+    "gpt-oss": SynthSpec(
+        arch="gpt-oss", name="synth-gpt-oss", n_layer=2, n_embd=64, n_ff=32, n_head=4,
+        n_head_kv=2, head_dim=16, n_expert=4, n_expert_used=2, n_ff_exp=32,
+        sliding_window=128, swa_pattern=2, rope_freq_base=150_000.0,
+        context_length=131072, tokenizer_pre="gpt-4o",
+    ),
+    # LFM2 style: short-conv layers + attention layers (n_head_kv == 0 marks conv), tied.
+    "lfm2": SynthSpec(
+        arch="lfm2", name="synth-lfm2", n_layer=4, n_embd=64, n_ff=128, n_head=4,
+        n_head_kv=(0, 0, 2, 0), shortconv_l_cache=3, context_length=128000,
+        rope_freq_base=1_000_000.0, tied_embeddings=True, tokenizer_pre="lfm2",
+    ),
+}  # fmt: skip
+
+
+# --- metadata ----------------------------------------------------------------------------------
+
+
+def _add_kv(w: gguf.GGUFWriter, key: str, value: Any) -> None:
+    if isinstance(value, bool):
+        w.add_bool(key, value)
+    elif isinstance(value, int):
+        w.add_uint32(key, value)
+    elif isinstance(value, float):
+        w.add_float32(key, value)
+    elif isinstance(value, str):
+        w.add_string(key, value)
+    elif isinstance(value, Sequence):
+        w.add_array(key, list(value))
+    else:
+        raise TypeError(f"unsupported metadata value for {key}: {value!r}")
+
+
+def _add_general(w: gguf.GGUFWriter, spec: SynthSpec) -> None:
+    w.add_type("model")
+    w.add_name(spec.name)
+    ftype = spec.file_type if spec.file_type is not None else int(_FILE_TYPES[spec.weight_type])
+    w.add_file_type(ftype)
+    if spec.weight_type not in (Q.F32, Q.F16, Q.BF16) or spec.embedding_type not in (
+        Q.F32,
+        Q.F16,
+        Q.BF16,
+    ):
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+
+def _add_attention_kv(w: gguf.GGUFWriter, spec: SynthSpec) -> None:
+    w.add_head_count(spec.n_head)
+    kv = spec.n_head_kv
+    w.add_head_count_kv(list(kv) if isinstance(kv, tuple) else kv)
+    if spec.arch == "deepseek2":  # MLA is stored as MQA over the compressed latent
+        w.add_q_lora_rank(spec.q_lora_rank)
+        w.add_kv_lora_rank(spec.kv_lora_rank)
+        w.add_key_length(spec.kv_lora_rank + spec.qk_rope_head_dim)
+        w.add_value_length(spec.kv_lora_rank)
+        w.add_key_length_mla(spec.qk_nope_head_dim + spec.qk_rope_head_dim)
+        w.add_value_length_mla(spec.v_head_dim)
+        w.add_rope_dimension_count(spec.qk_rope_head_dim)
+    else:
+        if spec.head_dim or spec.key_length:
+            w.add_key_length(spec.head_k)
+        if spec.head_dim or spec.value_length:
+            w.add_value_length(spec.head_v)
+        if spec.rope_dim:
+            w.add_rope_dimension_count(spec.rope_dim)
+    if spec.sliding_window:
+        w.add_sliding_window(spec.sliding_window)
+    if spec.swa_pattern is not None:
+        w.add_sliding_window_pattern(spec.swa_pattern)
+    if not spec.causal_attn:
+        w.add_causal_attention(False)
+
+
+def _add_moe_kv(w: gguf.GGUFWriter, spec: SynthSpec) -> None:
+    if not spec.n_expert:
+        return
+    w.add_expert_count(spec.n_expert)
+    w.add_expert_used_count(spec.n_expert_used)
+    if spec.n_ff_exp:
+        w.add_expert_feed_forward_length(spec.n_ff_exp)
+    if spec.arch == "deepseek2":
+        w.add_expert_shared_count(spec.n_expert_shared)
+    if spec.n_ff_shexp:
+        w.add_expert_shared_feed_forward_length(spec.n_ff_shexp)
+    if spec.n_layer_dense_lead:
+        w.add_leading_dense_block_count(spec.n_layer_dense_lead)
+    if spec.expert_gating_func is not None:
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType(spec.expert_gating_func))
+
+
+def _add_recurrent_kv(w: gguf.GGUFWriter, spec: SynthSpec) -> None:
+    if spec.ssm_d_inner:
+        w.add_ssm_conv_kernel(spec.ssm_d_conv)
+        w.add_ssm_inner_size(spec.ssm_d_inner)
+        w.add_ssm_state_size(spec.ssm_d_state)
+        w.add_ssm_time_step_rank(spec.ssm_dt_rank)
+        w.add_ssm_group_count(spec.ssm_n_group)
+    if spec.full_attention_interval:
+        w.add_full_attention_interval(spec.full_attention_interval)
+    if spec.shortconv_l_cache:
+        w.add_shortconv_l_cache(spec.shortconv_l_cache)
+
+
+def _add_hparams(w: gguf.GGUFWriter, spec: SynthSpec, n_vocab: int) -> None:
+    w.add_vocab_size(n_vocab)
+    w.add_context_length(spec.context_length)
+    w.add_embedding_length(spec.n_embd)
+    w.add_block_count(spec.n_layer)
+    w.add_feed_forward_length(spec.n_ff)
+    w.add_rope_freq_base(spec.rope_freq_base)
+    if spec.arch == "bert":
+        w.add_layer_norm_eps(spec.norm_eps)
+    else:
+        w.add_layer_norm_rms_eps(spec.norm_eps)
+    _add_attention_kv(w, spec)
+    _add_moe_kv(w, spec)
+    _add_recurrent_kv(w, spec)
+    if spec.pooling_type is not None:
+        w.add_pooling_type(gguf.PoolingType(spec.pooling_type))
+    for key, value in spec.extra_kv:
+        _add_kv(w, key.format(arch=spec.arch), value)
+
+
+_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def _add_tokenizer(w: gguf.GGUFWriter, vocab: Vocab, *, realistic: bool) -> None:
+    w.add_tokenizer_model(vocab.model)
+    if vocab.pre is not None:
+        w.add_tokenizer_pre(vocab.pre)
+    w.add_token_list(vocab.tokens)
+    w.add_token_types(vocab.token_types)
+    if vocab.scores is not None:
+        w.add_token_scores(vocab.scores)
+    if vocab.merges is not None:
+        w.add_token_merges(vocab.merges)
+    if vocab.token_type_count is not None:
+        w.add_token_type_count(vocab.token_type_count)
+    adders = {
+        "bos": w.add_bos_token_id,
+        "eos": w.add_eos_token_id,
+        "unk": w.add_unk_token_id,
+        "sep": w.add_sep_token_id,
+        "pad": w.add_pad_token_id,
+        "mask": w.add_mask_token_id,
+    }
+    for kind, tid in vocab.special_ids:
+        adders[kind](tid)
+    if vocab.add_bos is not None:
+        w.add_add_bos_token(vocab.add_bos)
+    if vocab.add_eos is not None:
+        w.add_add_eos_token(vocab.add_eos)
+    if realistic and vocab.model == "gpt2":
+        w.add_chat_template(_CHAT_TEMPLATE)
+
+
+# --- tensor data -------------------------------------------------------------------------------
+
+_F32_KINDS = ("norm", "bias", "f32", "neg")
+
+
+def _seed(name: str) -> int:
+    return zlib.crc32(name.encode())
+
+
+def _tensor_type(t: TensorPlan, spec: SynthSpec) -> Q:
+    if t.kind in _F32_KINDS:
+        return Q.F32
+    qtype = spec.embedding_type if t.kind == "embd" else spec.weight_type
+    block, _ = gguf.GGML_QUANT_SIZES[qtype]
+    if t.ne[0] % block != 0:  # llama-quantize falls back the same way for odd rows
+        return Q.F16
+    return qtype
+
+
+def _tensor_data(t: TensorPlan, spec: SynthSpec) -> tuple[np.ndarray, Q]:
+    shape = tuple(reversed(t.ne))  # numpy order: outermost first
+    if t.kind == "norm":
+        return np.ones(shape, dtype=np.float32), Q.F32
+    if t.kind == "bias":
+        return np.zeros(shape, dtype=np.float32), Q.F32
+    if t.kind == "neg":
+        return np.full(shape, -1.0, dtype=np.float32), Q.F32
+    rng = np.random.default_rng(_seed(t.name))
+    data = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
+    qtype = _tensor_type(t, spec)
+    if qtype == Q.F32:
+        return data, qtype
+    if qtype == Q.F16:
+        return data.astype(np.float16), qtype
+    return gguf.quants.quantize(data, qtype), qtype
+
+
+def _n_tokens(spec: SynthSpec, vocab: int | None, realistic: bool) -> int:
+    if vocab is not None:
+        return vocab
+    return REALISTIC_VOCAB if realistic else spec.n_vocab
+
+
+def _effective_spec(spec: SynthSpec, realistic: bool) -> SynthSpec:
+    # A realistic vocabulary makes the embedding matrices dominate; store them 4-bit as
+    # quantized releases do, which keeps the file around ten megabytes.
+    if realistic and spec.embd_type is None and spec.n_embd % 32 == 0:
+        return replace(spec, embd_type=Q.Q4_0)
+    return spec
+
+
+def _fill_writer(
+    w: FastGGUFWriter,
+    spec: SynthSpec,
+    *,
+    vocab: int | None,
+    realistic: bool,
+    shard_sizes: Sequence[int] | None = None,
+) -> None:
+    arch_enum(spec.arch)  # validates the arch string
+    n_tokens = _n_tokens(spec, vocab, realistic)
+    spec = _effective_spec(spec, realistic)
+    _add_general(w, spec)
+    _add_hparams(w, spec, n_tokens)
+    _add_tokenizer(
+        w,
+        build_vocab(spec.tokenizer, n_tokens, pre=spec.tokenizer_pre, seed=_seed(spec.name)),
+        realistic=realistic,
+    )
+    plans = plan_tensors(spec, n_tokens)
+    boundaries: set[int] = set()
+    if shard_sizes is not None:
+        acc = 0
+        for size in shard_sizes[:-1]:
+            acc += size
+            boundaries.add(acc)
+    for idx, t in enumerate(plans):
+        if shard_sizes is not None:
+            # GGUFWriter starts a new shard when the current one holds split_max_tensors
+            w.split_max_tensors = 1 if idx in boundaries else len(plans) + 1
+        data, qtype = _tensor_data(t, spec)
+        raw = qtype if qtype not in (Q.F32, Q.F16) else None
+        w.add_tensor(t.name, data, raw_dtype=raw)
+
+
+def _finish(w: FastGGUFWriter) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+# --- public writers ----------------------------------------------------------------------------
+
+
+def write_gguf(
+    path: str | Path,
+    spec: SynthSpec,
+    *,
+    vocab: int | None = None,
+    realistic_tokenizer: bool = False,
+) -> Path:
+    """Write one GGUF for ``spec`` and return its path.
+
+    ``vocab`` overrides the number of tokens (and so the embedding rows).
+    ``realistic_tokenizer`` writes a large vocabulary (``vocab`` or 150,000 tokens of ~4–12
+    bytes, with as many merges) plus a chat template, the way real releases look to a header
+    reader; the embedding matrices are then stored Q4_0 unless ``spec.embd_type`` says otherwise.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = FastGGUFWriter(path, spec.arch)
+    _fill_writer(w, spec, vocab=vocab, realistic=realistic_tokenizer)
+    _finish(w)
+    return path
+
+
+def write_split(dir: str | Path, spec: SynthSpec, *, n_shards: int) -> list[Path]:
+    """Write ``spec`` as a split set ``<name>-0000K-of-0000N.gguf`` in ``dir``.
+
+    Like llama.cpp's ``gguf-split``: the first shard holds all metadata, every shard holds
+    ``split.no`` (u16), ``split.count`` (u16) and ``split.tensors.count`` (i32), and tensors
+    are divided in order, as evenly as possible.
+    """
+    if n_shards < 2:
+        raise ValueError("a split set needs at least 2 shards")
+    n_tensors = len(plan_tensors(spec, spec.n_vocab))
+    if n_shards > n_tensors:
+        raise ValueError(f"{spec.name} has only {n_tensors} tensors")
+    base, extra = divmod(n_tensors, n_shards)
+    sizes = [base + (1 if k < extra else 0) for k in range(n_shards)]
+    out = Path(dir)
+    out.mkdir(parents=True, exist_ok=True)
+    w = FastGGUFWriter(out / f"{spec.name}.gguf", spec.arch, split_max_tensors=n_tensors + 1)
+    _fill_writer(w, spec, vocab=None, realistic=False, shard_sizes=sizes)
+    paths = w.format_shard_names(out / f"{spec.name}.gguf")
+    if len(paths) != n_shards:
+        raise AssertionError(f"expected {n_shards} shards, writer planned {len(paths)}")
+    _finish(w)
+    return paths
