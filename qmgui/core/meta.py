@@ -445,13 +445,15 @@ def meta_from_gguf(
     for t in all_tensors:
         dtypes[t.type_name] = dtypes.get(t.type_name, 0) + t.nbytes
     name = gguf_display_name(header, file_name)
+    # encoders (BERT) have no output head at all; "tied" means logits reuse token_embd
+    model_class = _classify_gguf(header, arch, pooling, causal, name)
     if arch == "unknown":
         warnings.append("no general.architecture key; not a model llama.cpp can load")
     return ModelMeta(
         format="gguf",
         architecture=arch,
         name=name,
-        model_class=_classify_gguf(header, arch, pooling, causal, name),
+        model_class=model_class,
         quant=gguf_quant_label(header),
         param_count=sum(t.n_elements for t in all_tensors) or None,
         weight_bytes=sum(t.nbytes for t in all_tensors),
@@ -479,7 +481,9 @@ def meta_from_gguf(
         shared_kv_layers=k.get_int("attention.shared_kv_layers", 0) or 0,
         pooling=pooling,
         causal=causal,
-        tied_embeddings="output.weight" not in names and "token_embd.weight" in names,
+        tied_embeddings=model_class in (ModelClass.LLM, ModelClass.TTS)
+        and "output.weight" not in names
+        and "token_embd.weight" in names,
         tensors=tuple(TensorEntry(t.name, t.type_name, t.shape, t.nbytes) for t in all_tensors),
         bytes_per_layer=per_layer,
         non_layer_bytes=other,
