@@ -31,7 +31,7 @@ GGML_MAX_DIMS = 4  # ggml tensors have at most four dimensions
 # Hard limits. Real files stay far below them; a value beyond one is malformed or hostile.
 MAX_KEY_LEN = 64 * 1024  # keys are dotted names; the longest real ones are ~60 bytes
 MAX_STRING_LEN = 16 * 1024 * 1024  # chat templates reach a few hundred KiB
-MAX_ARRAY_LEN = 1 << 26  # the largest real arrays are vocabularies (~260k) and merges (~500k)
+MAX_ARRAY_LEN = 1 << 20  # 4x the largest real vocabulary (Gemma 3: 262,144) or merge list
 MAX_KV_COUNT = 1 << 16  # real files hold 20-60 keys
 MAX_TENSOR_COUNT = 1 << 20  # unmerged-expert MoE files reach ~50k tensors
 MAX_MATERIALISED_BYTES = 16 * 1024 * 1024  # total bytes of strings kept from one header
