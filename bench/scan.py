@@ -116,7 +116,7 @@ def run_child(code: str, *args: str) -> str:
 
 
 def hostile_files(root: Path) -> list[Path]:
-    from qmgui.core.gguf_header import MAX_ARRAY_LEN
+    from qmgui.core.gguf_header import MAX_ARRAY_LEN, MAX_TENSOR_COUNT
 
     def header(n_t: int, n_kv: int) -> bytes:
         return b"GGUF" + struct.pack("<IQQ", 3, n_t, n_kv)
@@ -137,6 +137,11 @@ def hostile_files(root: Path) -> list[Path]:
         + key("tokenizer.ggml.tokens")
         + struct.pack("<IIQ", 9, 8, MAX_ARRAY_LEN)
         + (struct.pack("<Q", 1) + b"a") * (MAX_ARRAY_LEN - 1),
+        # the most tensors the limits allow, each with a valid entry, data missing
+        "most-tensors": header(MAX_TENSOR_COUNT, 0)
+        + b"".join(
+            key(f"t{i}") + struct.pack("<IQIQ", 1, 32, 0, 0) for i in range(MAX_TENSOR_COUNT)
+        ),
         "zeros": b"\0" * 1_000_000,
         "random": os.urandom(1_000_000),
     }

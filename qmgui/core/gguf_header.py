@@ -17,7 +17,7 @@ import struct
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Union
+from typing import NamedTuple, Union
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
@@ -33,7 +33,7 @@ MAX_KEY_LEN = 64 * 1024  # keys are dotted names; the longest real ones are ~60 
 MAX_STRING_LEN = 16 * 1024 * 1024  # chat templates reach a few hundred KiB
 MAX_ARRAY_LEN = 1 << 20  # 4x the largest real vocabulary (Gemma 3: 262,144) or merge list
 MAX_KV_COUNT = 1 << 16  # real files hold 20-60 keys
-MAX_TENSOR_COUNT = 1 << 20  # unmerged-expert MoE files reach ~50k tensors
+MAX_TENSOR_COUNT = 1 << 15  # merged-expert GGUFs hold ~1-2k tensors; old unmerged MoE up to ~30k
 MAX_MATERIALISED_BYTES = 16 * 1024 * 1024  # total bytes of strings kept from one header
 KEEP_ARRAY_MAX = 4096  # arrays longer than this are kept as ArrayInfo (type and length only)
 
@@ -61,6 +61,9 @@ _SCALARS: dict[int, tuple[str, int]] = {
 }
 _SCALAR_STRUCTS = {t: struct.Struct("<" + fmt) for t, (fmt, _) in _SCALARS.items()}
 _STRING = int(GGUFValueType.STRING)
+# ggml type id -> (block size in elements, bytes per block)
+_TYPE_SIZES: dict[int, tuple[int, int]] = {int(t): v for t, v in GGML_QUANT_SIZES.items()}
+_DIMS = {n: "<" + "Q" * n for n in range(1, GGML_MAX_DIMS + 1)}
 _ARRAY = int(GGUFValueType.ARRAY)
 
 
@@ -75,9 +78,11 @@ class ArrayInfo:
 MetaValue = Union[int, float, bool, str, tuple["MetaValue", ...], ArrayInfo]  # noqa: UP007 - a runtime alias needs Union on 3.10
 
 
-@dataclass(frozen=True)
-class TensorInfo:
-    """One row of the tensor table; `shape` is in GGUF order (ne0, the row length, first)."""
+class TensorInfo(NamedTuple):
+    """One row of the tensor table; `shape` is in GGUF order (ne0, the row length, first).
+
+    A named tuple rather than a dataclass: headers hold thousands of these, and building a
+    tuple costs a fraction of a frozen dataclass's __init__."""
 
     name: str
     ggml_type: int
@@ -122,7 +127,7 @@ def ggml_type_name(ggml_type: int) -> str:
 
 def tensor_nbytes(ggml_type: int, shape: tuple[int, ...]) -> int:
     """Bytes of a tensor of this type and shape (whole quantisation blocks along ne0)."""
-    block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+    block, type_size = _TYPE_SIZES[ggml_type]
     n = 1
     for d in shape:
         n *= d
@@ -436,7 +441,10 @@ class _Parser:
         return value
 
     def read_tensor_infos(self, n_tensors: int) -> tuple[TensorInfo, ...]:
+        """The tensor table; inlined, because old MoE files carry tens of thousands of rows.
+        Error texts are built only on failure."""
         c = self.c
+        what = "the tensor table"
         # name length + name (>=1) + n_dims + one dim + type + offset
         if n_tensors * 33 > c.size - c.offset:
             raise c.truncated(f"the table of {n_tensors} tensors", n_tensors * 33)
@@ -444,49 +452,53 @@ class _Parser:
         seen: set[str] = set()
         u32 = _U32.unpack_from
         u64 = _U64.unpack_from
-        for i in range(n_tensors):
-            at = c.offset
-            name = c.string(f"the name of tensor #{i}", MAX_KEY_LEN)
-            if name in seen:
-                raise c.fail(f"duplicate tensor name {name!r}", at)
-            seen.add(name)
-            n_dims = c.u32(f"the dimension count of tensor {name!r}")
+        sizes = _TYPE_SIZES
+        for _ in range(n_tensors):
+            at = c.base + c.pos
+            c.need(8, what)
+            nlen = u64(c.buf, c.pos)[0]
+            if nlen > MAX_KEY_LEN:
+                raise c.fail(f"a tensor name claims {nlen} bytes, over the limit", at)
+            c.need(12 + nlen, what)
+            buf = c.buf
+            pos = c.pos + 8
+            name = buf[pos : pos + nlen].decode("utf-8", errors="replace")
+            pos += nlen
+            n_dims = u32(buf, pos)[0]
             if not 1 <= n_dims <= GGML_MAX_DIMS:
                 raise c.fail(f"tensor {name!r} has {n_dims} dimensions (1 to 4 allowed)", at)
-            c.need(8 * n_dims + 12, f"the shape of tensor {name!r}")
-            buf, pos = c.buf, c.pos
-            shape = tuple(u64(buf, pos + 8 * d)[0] for d in range(n_dims))
+            c.pos = pos + 4
+            c.need(8 * n_dims + 12, what)
+            buf = c.buf
+            pos = c.pos
+            shape = struct.unpack_from(_DIMS[n_dims], buf, pos)
             pos += 8 * n_dims
             ggml_type = u32(buf, pos)[0]
             offset = u64(buf, pos + 4)[0]
             c.pos = pos + 12
-            tensors.append(self.tensor(name, ggml_type, shape, offset, at))
+            if name in seen:
+                raise c.fail(f"duplicate tensor name {name!r}", at)
+            seen.add(name)
+            size = sizes.get(ggml_type)
+            if size is None:
+                raise c.fail(
+                    f"tensor {name!r} has unknown type {ggml_type}; the file may need a newer "
+                    "qmgui",
+                    at,
+                )
+            n = 1
+            for d in shape:
+                n *= d
+            if n >= 1 << 63:
+                raise c.fail(f"tensor {name!r} shape {shape} overflows 63 bits", at)
+            if shape[0] % size[0]:
+                raise c.fail(
+                    f"tensor {name!r} row of {shape[0]} is not a multiple of the "
+                    f"{ggml_type_name(ggml_type)} block size {size[0]}",
+                    at,
+                )
+            tensors.append(TensorInfo(name, ggml_type, shape, offset, n // size[0] * size[1]))
         return tuple(tensors)
-
-    def tensor(
-        self, name: str, ggml_type: int, shape: tuple[int, ...], offset: int, at: int
-    ) -> TensorInfo:
-        c = self.c
-        try:
-            qtype = GGMLQuantizationType(ggml_type)
-            block, _ = GGML_QUANT_SIZES[qtype]
-        except (ValueError, KeyError):
-            raise c.fail(
-                f"tensor {name!r} has unknown type {ggml_type}; the file may need a newer qmgui",
-                at,
-            ) from None
-        n = 1
-        for d in shape:
-            n *= d
-        if n >= 1 << 63:
-            raise c.fail(f"tensor {name!r} shape {shape} overflows 63 bits", at)
-        if shape[0] % block:
-            raise c.fail(
-                f"tensor {name!r} row of {shape[0]} is not a multiple of the "
-                f"{qtype.name} block size {block}",
-                at,
-            )
-        return TensorInfo(name, ggml_type, shape, offset, tensor_nbytes(ggml_type, shape))
 
     def check_tensor_data(self, tensors: tuple[TensorInfo, ...], data_offset: int) -> None:
         c = self.c

@@ -17,6 +17,7 @@ from qmgui.core.gguf_header import (
     KEEP_ARRAY_MAX,
     MAX_ARRAY_LEN,
     MAX_STRING_LEN,
+    MAX_TENSOR_COUNT,
     ArrayInfo,
     header_from_data,
     header_to_data,
@@ -170,7 +171,7 @@ def test_string_in_skipped_array_over_limit(tmp_path: Path) -> None:
 
 
 def test_many_tensors_claimed(tmp_path: Path) -> None:
-    content = gb.header(1 << 20, 0) + gb.tensor_info("a", (32,)) + b"\0" * 64
+    content = gb.header(MAX_TENSOR_COUNT, 0) + gb.tensor_info("a", (32,)) + b"\0" * 64
     with pytest.raises(ModelReadError) as info:
         read_gguf_header(_write(tmp_path, content))
     assert "truncated" in info.value.reason
