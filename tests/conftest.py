@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 
@@ -19,3 +21,15 @@ def _isolated_dirs(
     for var in ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "OLLAMA_MODELS"):
         monkeypatch.delenv(var, raising=False)
     Path(base / "home").mkdir()
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_children() -> Iterator[None]:
+    """A test that starts a child process must also end it."""
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    yield
+    leaked = [p for p in me.children(recursive=True) if p.pid not in before]
+    for p in leaked:
+        p.kill()
+    assert not leaked, f"test leaked child processes: {[p.pid for p in leaked]}"
