@@ -102,3 +102,59 @@ def test_recurrent_layouts(metas: dict[str, ModelMeta]) -> None:
 def test_quant_label(tmp_path: Path, metas: dict[str, ModelMeta]) -> None:
     assert metas["llama"].quant == "F16"
     assert metas["llama"].dtypes["F16"] > 0
+
+
+def _tiny(path: Path, arch: str, **kv: object) -> ModelMeta:
+    """A header-only model of `arch` with a few keys (not loadable; enough to classify)."""
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    w.add_embedding_length(8)
+    for key, value in kv.items():
+        if isinstance(value, str):
+            w.add_string(key.format(arch=arch), value)
+        else:
+            w.add_uint32(key.format(arch=arch), int(value))  # type: ignore[call-overload]
+    w.add_tensor("blk.0.w.weight", np.zeros((8, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return meta_from_gguf(read_gguf_header(path), file_name=path.name)
+
+
+@pytest.mark.parametrize(
+    ("arch", "kv", "expected"),
+    [
+        ("qwen3", {"{arch}.pooling_type": 3}, ModelClass.EMBEDDING),  # Qwen3-Embedding
+        ("qwen3", {"{arch}.pooling_type": 4}, ModelClass.RERANK),  # Qwen3-Reranker
+        ("bert", {"{arch}.pooling_type": 4}, ModelClass.RERANK),  # bge-reranker
+        ("flux", {}, ModelClass.IMAGE),
+        ("wavtokenizer-dec", {}, ModelClass.TTS),
+        ("llama", {"general.name": "OuteTTS 1.0 1B"}, ModelClass.TTS),
+        ("clip", {}, ModelClass.PROJECTOR),
+        ("llama", {}, ModelClass.LLM),
+    ],
+)
+def test_classification(
+    tmp_path: Path, arch: str, kv: dict[str, object], expected: ModelClass
+) -> None:
+    assert _tiny(tmp_path / "m.gguf", arch, **kv).model_class == expected
+
+
+def test_gguf_version_2_reads_like_3(tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "v3.gguf", PRESETS["llama"])
+    data = bytearray(path.read_bytes())
+    data[4] = 2  # the version field; v2 and v3 share the layout
+    (tmp_path / "v2.gguf").write_bytes(bytes(data))
+    v2 = read_gguf_header(tmp_path / "v2.gguf")
+    assert v2.version == 2
+    assert v2.tensors == read_gguf_header(path).tensors
+
+
+def test_old_mla_gguf_is_flagged(tmp_path: Path) -> None:
+    m = _tiny(tmp_path / "ds.gguf", "deepseek2", **{"{arch}.attention.kv_lora_rank": 512})
+    assert m.mla is not None
+    assert any("old MLA" in w for w in m.warnings)
