@@ -266,7 +266,10 @@ class _Walker:
             name = self.found.names.get(folder, base)
             self.found.hf_folders.append((folder, name, source))
         if depth < MAX_DEPTH:
-            self.stack.extend((d, depth + 1, source) for d in sorted(subdirs, reverse=True))
+            self.stack.extend(
+                (d, depth + 1, source if source != "folder" else _source_of(d))
+                for d in sorted(subdirs, reverse=True)
+            )
         elif subdirs:
             self.problem(folder, f"deeper than {MAX_DEPTH} folders; not scanned further")
 

@@ -230,6 +230,8 @@ def test_lmstudio_folder_is_marked(tmp_path: Path) -> None:
     write_gguf(root / "publisher" / "Tiny-GGUF" / "tiny-Q4.gguf", PRESETS["llama"])
     (m,) = scan([root]).models
     assert m.source == "lmstudio"
+    (m,) = scan([tmp_path]).models  # a root above LM Studio's folder
+    assert m.source == "lmstudio"
 
 
 def test_symlink_loop_is_reported_not_followed(tmp_path: Path) -> None:
