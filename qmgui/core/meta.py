@@ -55,6 +55,8 @@ class TensorEntry:
     dtype: str
     shape: tuple[int, ...]
     nbytes: int
+    offset: int = 0  # absolute offset of the data in its file
+    file_index: int = 0  # which shard of a split set holds it
 
 
 @dataclass(frozen=True)
@@ -369,13 +371,54 @@ def _classify_gguf(
     return ModelClass.LLM
 
 
+def _mla_dims(k: _Keys, arch: str, warnings: list[str]) -> MlaDims | None:
+    kv_lora = k.get_int("attention.kv_lora_rank")
+    if not kv_lora:
+        return None
+    mla = MlaDims(
+        kv_lora_rank=kv_lora,
+        q_lora_rank=k.get_int("attention.q_lora_rank"),
+        rope_dim=k.get_int("rope.dimension_count"),
+        key_length_mla=k.get_int("attention.key_length_mla"),
+        value_length_mla=k.get_int("attention.value_length_mla"),
+    )
+    if mla.key_length_mla is None and arch in MLA_ARCHS:
+        warnings.append(
+            "old MLA GGUF (no key_length_mla): llama.cpp caches full K and V "
+            "for it, far more memory than a re-converted file"
+        )
+    return mla
+
+
+def _ssm_dims(k: _Keys) -> SsmDims | None:
+    if not k.get_int("ssm.state_size"):
+        return None
+    return SsmDims(
+        conv_kernel=k.get_int("ssm.conv_kernel", 0) or 0,
+        inner_size=k.get_int("ssm.inner_size", 0) or 0,
+        state_size=k.get_int("ssm.state_size", 0) or 0,
+        group_count=k.get_int("ssm.group_count", 0) or 0,
+        time_step_rank=k.get_int("ssm.time_step_rank"),
+    )
+
+
+def _rwkv_dims(k: _Keys) -> RwkvDims | None:
+    if not k.get_int("wkv.head_size"):
+        return None
+    return RwkvDims(
+        head_size=k.get_int("wkv.head_size", 0) or 0,
+        token_shift_count=k.get_int("token_shift_count", 2) or 2,
+    )
+
+
 def meta_from_gguf(
     header: GGUFHeader, *, file_name: str, more_shards: Sequence[GGUFHeader] = ()
 ) -> ModelMeta:
     """Normalise one GGUF header; for a split set, `header` is the first shard's and the
     tensor tables of `more_shards` are added to it."""
     md = header.metadata
-    all_tensors = [t for h in (header, *more_shards) for t in h.tensors]
+    headers = (header, *more_shards)
+    all_tensors = [t for h in headers for t in h.tensors]
     arch = _str(md, "general.architecture") or "unknown"
     k = _Keys(md, arch)
     warnings: list[str] = []
@@ -391,37 +434,9 @@ def meta_from_gguf(
     head_dim_k = k.get_int("attention.key_length") or (n_embd // head0 if head0 else None)
     head_dim_v = k.get_int("attention.value_length") or (n_embd // head0 if head0 else None)
 
-    mla = None
-    kv_lora = k.get_int("attention.kv_lora_rank")
-    if kv_lora:
-        mla = MlaDims(
-            kv_lora_rank=kv_lora,
-            q_lora_rank=k.get_int("attention.q_lora_rank"),
-            rope_dim=k.get_int("rope.dimension_count"),
-            key_length_mla=k.get_int("attention.key_length_mla"),
-            value_length_mla=k.get_int("attention.value_length_mla"),
-        )
-        if mla.key_length_mla is None and arch in MLA_ARCHS:
-            warnings.append(
-                "old MLA GGUF (no key_length_mla): llama.cpp caches full K and V "
-                "for it, far more memory than a re-converted file"
-            )
-
-    ssm = None
-    if k.get_int("ssm.state_size"):
-        ssm = SsmDims(
-            conv_kernel=k.get_int("ssm.conv_kernel", 0) or 0,
-            inner_size=k.get_int("ssm.inner_size", 0) or 0,
-            state_size=k.get_int("ssm.state_size", 0) or 0,
-            group_count=k.get_int("ssm.group_count", 0) or 0,
-            time_step_rank=k.get_int("ssm.time_step_rank"),
-        )
-    rwkv = None
-    if k.get_int("wkv.head_size"):
-        rwkv = RwkvDims(
-            head_size=k.get_int("wkv.head_size", 0) or 0,
-            token_shift_count=k.get_int("token_shift_count", 2) or 2,
-        )
+    mla = _mla_dims(k, arch, warnings)
+    ssm = _ssm_dims(k)
+    rwkv = _rwkv_dims(k)
 
     pooling_id = k.get_int("pooling_type")
     pooling = _POOLING_BY_ID.get(pooling_id or 0, Pooling.NONE)
@@ -484,7 +499,11 @@ def meta_from_gguf(
         tied_embeddings=model_class in (ModelClass.LLM, ModelClass.TTS)
         and "output.weight" not in names
         and "token_embd.weight" in names,
-        tensors=tuple(TensorEntry(t.name, t.type_name, t.shape, t.nbytes) for t in all_tensors),
+        tensors=tuple(
+            TensorEntry(t.name, t.type_name, t.shape, t.nbytes, h.data_offset + t.offset, i)
+            for i, h in enumerate(headers)
+            for t in h.tensors
+        ),
         bytes_per_layer=per_layer,
         non_layer_bytes=other,
         dtypes=dtypes,

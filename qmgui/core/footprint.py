@@ -1,0 +1,342 @@
+"""Footprint: what one llama-server launch allocates, per device and in host memory.
+
+Exact parts mirror llama.cpp's allocation rules and are checked against the real engine by
+`bench/accuracy.py`:
+- weights: placed tensor by tensor with llama.cpp's layer -> device map (`-ngl` counts the
+  output layer and offloads from the end; the input layer stays on the CPU; `--n-cpu-moe`
+  keeps the experts of the first N layers on the CPU; layers split across GPUs in proportion
+  to free memory or `-ts`); a memory-mapped CPU buffer spans the file region of its tensors;
+- KV cache: per layer with attention KV, per stream, exact row sizes of the cache types, the
+  sliding-window cache size, MLA's single latent, V padded to the widest layer without flash
+  attention;
+- recurrent state: F32 conv and SSM/WKV states per sequence, not growing with context;
+- output buffer: logits (and embeddings) for `n_seq` outputs.
+The compute buffer is an estimate (`qmgui.core.compute`), calibrated on the CPU backend.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from qmgui.core.errors import SizingError
+from qmgui.core.launch import LaunchSettings, Resolved, pad, resolve, row_bytes
+from qmgui.core.meta import ModelMeta, Pooling, TensorEntry
+
+CPU = "CPU"
+# tensors of llama.cpp's input layer (LLM_TENSOR_LAYER_INPUT): always on the CPU
+INPUT_TENSORS = frozenset({"token_embd.weight", "position_embd.weight", "token_types.weight"})
+_BLK = re.compile(r"^blk\.(\d+)\.")
+# expert weights that --cpu-moe / --n-cpu-moe keep on the CPU (common/arg.cpp's pattern)
+_EXPERTS = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch)?exps")
+# architectures llama.cpp creates no KV memory for (llama_model::create_memory: encoders and
+# diffusion LMs that attend to the whole batch at once)
+NO_MEMORY_ARCHS = frozenset(
+    {
+        "bert",
+        "jina-bert-v2",
+        "jina-bert-v3",
+        "nomic-bert",
+        "nomic-bert-moe",
+        "neo-bert",
+        "eurobert",
+        "wavtokenizer-dec",
+        "modern-bert",
+        "gemma-embedding",
+        "dream",
+        "llada",
+        "llada-moe",
+        "rnd1",
+        "clef",
+    }
+)
+MAPPED_ALIGNMENT = 32  # GGUF data alignment when general.alignment is absent
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """A GPU to plan for: a real card's reading or a what-if budget."""
+
+    name: str
+    total_bytes: int
+    free_bytes: int | None = None  # None = all of total is free
+
+    @property
+    def available(self) -> int:
+        return self.total_bytes if self.free_bytes is None else self.free_bytes
+
+
+@dataclass(frozen=True)
+class DeviceFootprint:
+    name: str
+    weights: int = 0
+    kv: int = 0
+    recurrent: int = 0
+    compute: int = 0
+    output: int = 0
+    other: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.recurrent + self.compute + self.output + self.other
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "weights": self.weights,
+            "kv": self.kv,
+            "recurrent": self.recurrent,
+            "compute": self.compute,
+            "output": self.output,
+            "other": self.other,
+            "total": self.total,
+        }
+
+
+@dataclass(frozen=True)
+class Footprint:
+    settings: Resolved
+    n_gpu_layers: int
+    layer_devices: tuple[str, ...]  # device of each layer, then of the output layer
+    devices: tuple[DeviceFootprint, ...]  # the GPUs in order, then "CPU" (host memory)
+    notes: tuple[str, ...] = field(default=())
+
+    def device(self, name: str) -> DeviceFootprint:
+        for d in self.devices:
+            if d.name == name:
+                return d
+        raise KeyError(name)
+
+    @property
+    def host(self) -> DeviceFootprint:
+        return self.device(CPU)
+
+
+def layer_device_map(
+    meta: ModelMeta, gpus: Sequence[Gpu], n_gpu_layers: int, tensor_split: Sequence[float] = ()
+) -> tuple[str, ...]:
+    """Device of layers 0..n_layer-1 and of the output layer (index n_layer), as llama.cpp's
+    load_tensors assigns them."""
+    n_layer = meta.n_layer
+    if not gpus or n_gpu_layers <= 0:
+        return (CPU,) * (n_layer + 1)
+    weights = list(tensor_split) if any(tensor_split) else [float(g.available) for g in gpus]
+    if len(weights) != len(gpus):
+        raise SizingError(f"--tensor-split has {len(weights)} values for {len(gpus)} GPUs")
+    total = sum(weights)
+    if total <= 0:
+        raise SizingError("--tensor-split values must not all be zero")
+    splits = []
+    acc = 0.0
+    for w in weights:
+        acc += w
+        splits.append(acc / total)
+    i_gpu_start = max(n_layer + 1 - n_gpu_layers, 0)
+    act = min(n_gpu_layers, n_layer + 1)
+    out = []
+    for il in range(n_layer + 1):
+        if il < i_gpu_start or il - i_gpu_start >= act:
+            out.append(CPU)
+            continue
+        x = (il - i_gpu_start) / act
+        gpu = next((i for i, s in enumerate(splits) if s > x), len(gpus) - 1)  # upper_bound
+        out.append(gpus[gpu].name)
+    return tuple(out)
+
+
+def _tensor_device(
+    t: TensorEntry, meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings
+) -> str:
+    if t.name in INPUT_TENSORS:
+        return CPU
+    m = _BLK.match(t.name)
+    if m is None:
+        return layer_dev[meta.n_layer]  # output layer (output, output_norm, cls...)
+    il = int(m.group(1))
+    if il >= meta.n_layer:
+        return layer_dev[meta.n_layer]  # blocks beyond the model's layers go with the output
+    if _EXPERTS.search(t.name) and (s.cpu_moe or il < s.n_cpu_moe):
+        return CPU
+    return layer_dev[il]
+
+
+def _weights(meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings) -> dict[str, int]:
+    """Weight bytes per device. CPU tensors of a memory-mapped file count as the file span
+    they cover (llama.cpp maps [first tensor, last tensor end) of each file)."""
+    per: dict[str, int] = {}
+    cpu_spans: dict[int, list[int]] = {}
+    for t in meta.tensors:
+        dev = _tensor_device(t, meta, layer_dev, s)
+        if dev == CPU and s.mmap:
+            lo_hi = cpu_spans.setdefault(t.file_index, [t.offset, t.offset + t.nbytes])
+            lo_hi[0] = min(lo_hi[0], t.offset)
+            lo_hi[1] = max(lo_hi[1], t.offset + t.nbytes)
+        elif dev == CPU:
+            per[CPU] = per.get(CPU, 0) + pad(t.nbytes, MAPPED_ALIGNMENT)
+        else:
+            per[dev] = per.get(dev, 0) + t.nbytes
+    if cpu_spans:
+        per[CPU] = per.get(CPU, 0) + sum(hi - lo for lo, hi in cpu_spans.values())
+    if meta.tied_embeddings and layer_dev[meta.n_layer] != CPU:
+        # no output.weight: llama.cpp duplicates token_embd onto the output device
+        embd = next((t for t in meta.tensors if t.name == "token_embd.weight"), None)
+        if embd is not None:
+            dev = layer_dev[meta.n_layer]
+            per[dev] = per.get(dev, 0) + embd.nbytes
+    return per
+
+
+def kv_layers(meta: ModelMeta) -> list[int]:
+    """Layers that keep attention KV: attention heads, not recurrent, not sharing KV."""
+    if meta.architecture in NO_MEMORY_ARCHS:
+        return []
+    n_kv_own = meta.n_layer - meta.shared_kv_layers
+    return [
+        il
+        for il in range(meta.n_layer)
+        if meta.n_head_kv[il] > 0
+        and not (meta.recurrent_layers and meta.recurrent_layers[il])
+        and il < n_kv_own
+    ]
+
+
+def kv_cells(meta: ModelMeta, r: Resolved, il: int) -> int:
+    """Cells of layer il's cache (per stream)."""
+    base = r.n_ctx_seq
+    if meta.swa_layers and meta.swa_layers[il] and meta.sliding_window and not r.swa_full:
+        seqs = r.n_seq if r.kv_unified else 1
+        return pad(min(base, meta.sliding_window * seqs + r.n_ubatch), 256)
+    return base
+
+
+def _head_dims(meta: ModelMeta) -> tuple[int, int]:
+    k = meta.head_dim_k or 0
+    v = meta.head_dim_v or 0
+    return k, v
+
+
+def kv_bytes_per_layer(meta: ModelMeta, r: Resolved) -> dict[int, int]:
+    layers = kv_layers(meta)
+    hk, hv = _head_dims(meta)
+    mla = meta.mla is not None and meta.mla.key_length_mla is not None
+    v_widths = [hv * meta.n_head_kv[il] for il in layers]
+    v_max = max(v_widths, default=0)
+    out = {}
+    for il in layers:
+        cells = kv_cells(meta, r, il) * r.n_stream
+        k = row_bytes(r.cache_type_k, hk * meta.n_head_kv[il]) * cells
+        if mla:
+            v = 0  # MLA caches one latent (K); recent builds keep no V
+        else:
+            # without flash attention V is stored transposed, every layer as wide as the widest
+            width = hv * meta.n_head_kv[il] if r.flash_attn else v_max
+            v = row_bytes(r.cache_type_v, width) * cells
+        out[il] = k + v
+    return out
+
+
+def recurrent_row_floats(meta: ModelMeta) -> tuple[int, int]:
+    """(conv/shift state, SSM/WKV state) floats per sequence of one recurrent layer."""
+    if meta.rwkv is not None:
+        return (meta.rwkv.token_shift_count * meta.n_embd, meta.n_embd * meta.rwkv.head_size)
+    if meta.shortconv_l_cache:
+        return (meta.n_embd * (meta.shortconv_l_cache - 1), 0)
+    if meta.ssm is not None:
+        ssm = meta.ssm
+        conv = max(ssm.conv_kernel - 1, 0) * (ssm.inner_size + 2 * ssm.group_count * ssm.state_size)
+        return (conv, ssm.state_size * ssm.inner_size)
+    return (0, 0)
+
+
+def recurrent_bytes_per_layer(meta: ModelMeta, r: Resolved) -> dict[int, int]:
+    if not meta.is_recurrent:
+        return {}
+    rows = max(1, r.n_seq)
+    conv, state = recurrent_row_floats(meta)
+    per = (conv + state) * 4 * rows  # both states are F32
+    return {il: per for il, rec in enumerate(meta.recurrent_layers) if rec}
+
+
+def output_bytes(meta: ModelMeta, r: Resolved, *, embeddings: bool) -> int:
+    """llama_context::output_reserve: logits (and embeddings) of n_seq outputs, F32."""
+    n_out = r.n_seq
+    logits = (meta.vocab_size or 0) * n_out
+    embd = meta.n_embd * n_out if embeddings else 0
+    return (logits + embd) * 4
+
+
+def estimate(
+    meta: ModelMeta,
+    settings: LaunchSettings = LaunchSettings(),  # noqa: B008 - frozen, shared safely
+    gpus: Sequence[Gpu] = (),
+    *,
+    embeddings: bool | None = None,
+) -> Footprint:
+    """Every buffer one launch allocates, per GPU and in host memory."""
+    r = resolve(meta, settings)
+    if embeddings is None:
+        embeddings = meta.pooling != Pooling.NONE or not meta.causal
+    n_gpu_layers = (
+        meta.n_layer + 1
+        if settings.n_gpu_layers is None or settings.n_gpu_layers < 0
+        else settings.n_gpu_layers
+    )
+    if not gpus:
+        n_gpu_layers = 0
+    layer_dev = layer_device_map(meta, gpus, n_gpu_layers, settings.tensor_split)
+    names = [g.name for g in gpus] + [CPU]
+    acc: dict[str, dict[str, int]] = {n: {} for n in names}
+
+    def add(dev: str, kind: str, n: int) -> None:
+        acc[dev][kind] = acc[dev].get(kind, 0) + n
+
+    for dev, n in _weights(meta, layer_dev, settings).items():
+        add(dev, "weights", n)
+    for il, n in kv_bytes_per_layer(meta, r).items():
+        add(layer_dev[il] if settings.kv_offload else CPU, "kv", n)
+    for il, n in recurrent_bytes_per_layer(meta, r).items():
+        add(layer_dev[il] if settings.kv_offload else CPU, "recurrent", n)
+    add(CPU, "output", output_bytes(meta, r, embeddings=embeddings))
+    notes: list[str] = []
+    compute = _compute(meta, r, layer_dev, embeddings=embeddings, notes=notes)
+    for dev, n in compute.items():
+        add(dev, "compute", n)
+    if settings.repack:
+        notes.append(
+            "CPU weight repacking (AMX/CPU_REPACK) may add host copies of some weights; not counted"
+        )
+    devices = tuple(DeviceFootprint(name=n, **acc[n]) for n in names)
+    return Footprint(
+        settings=r,
+        n_gpu_layers=n_gpu_layers,
+        layer_devices=layer_dev,
+        devices=devices,
+        notes=tuple(notes),
+    )
+
+
+def _compute(
+    meta: ModelMeta, r: Resolved, layer_dev: Sequence[str], *, embeddings: bool, notes: list[str]
+) -> dict[str, int]:
+    """Compute buffers: one per backend that runs part of the graph."""
+    try:
+        compute_mod = importlib.import_module("qmgui.core.compute")
+    except ImportError:
+        notes.append("compute buffer not estimated (no calibrated model)")
+        return {}
+    fn = getattr(compute_mod, "compute_buffer_bytes", None)
+    if fn is None:
+        notes.append("compute buffer not estimated (no calibrated model)")
+        return {}
+    out: dict[str, int] = {}
+    for dev in dict.fromkeys(layer_dev):
+        backend = "CPU" if dev == CPU else "GPU"
+        try:
+            out[dev] = int(fn(meta, r, backend=backend))
+        except Exception as e:  # an uncalibrated family must not break a plan
+            notes.append(f"compute buffer on {dev} not estimated ({e})")
+    if CPU not in out and all(d != CPU for d in layer_dev):
+        notes.append("host compute buffer of a full offload not estimated yet")
+    return out
