@@ -602,3 +602,50 @@ def _read_ollama_entry(entry: ModelEntry, reader: _HeaderReader) -> ModelEntry:
     meta = meta_from_gguf(header, file_name=entry.name)
     mmproj = entry.mmproj if entry.mmproj and os.path.exists(entry.mmproj) else None
     return replace(entry, size_bytes=size, meta=meta, mmproj=mmproj)
+
+
+def entry_for_path(path: str | os.PathLike[str], *, cache: HeaderCache | None = None) -> ModelEntry:
+    """The model a single path names: a .gguf file (any shard of a split set, whose siblings
+    are found beside it, with its mmproj) or a Hugging Face folder. Errors are on the entry."""
+    p = os.fspath(path)
+    if os.path.isdir(p):
+        found = _Found()
+        _Walker(found, lambda: False).visit(p, MAX_DEPTH, _source_of(p))
+        hf = next((f for f in found.hf_folders if f[0] == p), None)
+        entry = _hf_entry(*hf) if hf else None
+        if entry is None:
+            return ModelEntry(
+                id=p,
+                path=p,
+                name=os.path.basename(p),
+                format="hf",
+                source="folder",
+                size_bytes=0,
+                error="not a model: no .gguf file given and no Hugging Face "
+                "config.json naming a causal LM beside *.safetensors",
+            )
+        return entry
+    folder = os.path.dirname(p) or "."
+    try:
+        siblings = [
+            (folder, f, _source_of(p)) for f in os.listdir(folder) if f.lower().endswith(".gguf")
+        ]
+    except OSError as e:
+        siblings = []
+        return ModelEntry(
+            id=p,
+            path=p,
+            name=os.path.basename(p),
+            format="gguf",
+            source="folder",
+            size_bytes=0,
+            error=f"cannot read {folder} ({e.strerror or e})",
+        )
+    if os.path.basename(p) not in {f for _, f, _ in siblings}:
+        siblings.append((folder, os.path.basename(p), _source_of(p)))
+    reader = _HeaderReader(cache)
+    for group in _group_ggufs(siblings):
+        if p in group.shards.values() or group.first == p:
+            return group.entry(reader, {})
+    # the path is a projector: read it alone, so the caller sees what it is
+    return _GgufGroup(folder, p, _source_of(p), shards={1: p}).entry(reader, {})

@@ -27,3 +27,28 @@ def format_count(n: int | None) -> str:
         if n >= div:
             return f"{n / div:.1f}{suffix}"
     return str(n)
+
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": KIB, "kb": 1000, "kib": KIB,
+    "m": MIB, "mb": 1000**2, "mib": MIB,
+    "g": GIB, "gb": 1000**3, "gib": GIB,
+    "t": 1024**4, "tb": 1000**4, "tib": 1024**4,
+}
+
+
+def parse_size(text: str) -> int:
+    """'24GiB', '24G' (binary), '80GB' (decimal), '512MiB', '1.5GiB', '1048576' -> bytes."""
+    s = text.strip().lower().replace(" ", "")
+    num = s.rstrip("kmgtib")
+    unit = s[len(num):]
+    if unit not in _SIZE_UNITS or not num:
+        raise ValueError(f"not a size: {text!r} (examples: 24GiB, 12G, 80GB, 512MiB)")
+    try:
+        value = float(num)
+    except ValueError:
+        raise ValueError(f"not a size: {text!r} (examples: 24GiB, 12G, 80GB, 512MiB)") from None
+    if value <= 0:
+        raise ValueError(f"a size must be positive, not {text!r}")
+    return int(value * _SIZE_UNITS[unit])

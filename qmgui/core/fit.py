@@ -1,0 +1,184 @@
+"""Fit: the settings that fit a budget, answered with the footprint model.
+
+Every question users ask maps to one search over `estimate()`: the largest context, the offload
+(`-ngl`, `--n-cpu-moe`) that reaches a target context, the slot count, the KV cache type
+trade-off. "Does not fit" is a result with the reason and the nearest setting that fits, never
+an exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from qmgui.core.footprint import CPU, Footprint, Gpu, estimate
+from qmgui.core.launch import CTX_PAD, LaunchSettings
+from qmgui.core.meta import ModelMeta
+from qmgui.core.units import MIB, format_bytes
+
+# Per-GPU headroom left unplanned: the CUDA/ROCm context, cuBLAS workspaces and pools that the
+# engine allocates outside its logged buffers (SIZING.md: the "unaccounted" column of the
+# memory breakdown is typically 300-500 MiB on CUDA), plus a desktop's display.
+DEFAULT_GPU_RESERVE = 512 * MIB
+MIN_CONTEXT = CTX_PAD  # the smallest context llama-server pads to
+KV_TYPE_LADDER = (("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"))
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a plan may use: per GPU (their available memory minus a reserve) and host RAM."""
+
+    gpus: tuple[Gpu, ...] = ()
+    gpu_reserve: int = DEFAULT_GPU_RESERVE
+    host_bytes: int | None = None  # None = host memory is not checked
+
+    def limit(self, device: str) -> int | None:
+        if device == CPU:
+            return self.host_bytes
+        for g in self.gpus:
+            if g.name == device:
+                return max(g.available - self.gpu_reserve, 0)
+        return None
+
+
+@dataclass(frozen=True)
+class FitResult:
+    fits: bool
+    settings: LaunchSettings
+    footprint: Footprint
+    reason: str | None = None  # why it does not fit (the first device over its limit)
+    nearest: LaunchSettings | None = None  # the closest setting that fits, when one exists
+
+
+def check(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> FitResult:
+    """Plan one launch and say whether it fits, and if not, which device is over by how much."""
+    fp = estimate(meta, settings, budget.gpus)
+    for d in fp.devices:
+        limit = budget.limit(d.name)
+        if limit is not None and d.total > limit:
+            where = "host memory" if d.name == CPU else d.name
+            return FitResult(
+                False,
+                settings,
+                fp,
+                reason=(
+                    f"needs {format_bytes(d.total)} on {where}, {format_bytes(d.total - limit)} "
+                    f"more than the {format_bytes(limit)} available"
+                ),
+            )
+    return FitResult(True, settings, fp)
+
+
+def _largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
+    """The largest x in [lo, hi] with ok(x), for ok monotone (true then false)."""
+    if hi < lo or not ok(lo):
+        return None
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def max_context(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> FitResult:
+    """The largest context (a multiple of 256, at most the trained one) that fits."""
+    trained = meta.context_length or 4096
+    top = max(trained // CTX_PAD, 1)
+
+    def ok(k: int) -> bool:
+        return check(meta, replace(settings, ctx_size=k * CTX_PAD), budget).fits
+
+    best = _largest(1, top, ok)
+    if best is None:
+        smallest = check(meta, replace(settings, ctx_size=MIN_CONTEXT), budget)
+        nearest = _nearest_offload(meta, replace(settings, ctx_size=MIN_CONTEXT), budget)
+        return replace(
+            smallest,
+            reason=f"even {MIN_CONTEXT} tokens do not fit: {smallest.reason}",
+            nearest=nearest,
+        )
+    return check(meta, replace(settings, ctx_size=best * CTX_PAD), budget)
+
+
+def offload_for_context(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> FitResult:
+    """The most GPU layers (`-ngl`) and, for MoE models, the fewest `--n-cpu-moe` layers that
+    fit the requested context."""
+    full = check(meta, settings, budget)
+    if full.fits or not budget.gpus:
+        return full if full.fits else replace(full, nearest=None)
+    nearest = _nearest_offload(meta, settings, budget)
+    if nearest is None:
+        return replace(full, reason=f"{full.reason}, even with every layer on the CPU")
+    fitted = check(meta, nearest, budget)
+    return replace(fitted, nearest=nearest)
+
+
+def _nearest_offload(
+    meta: ModelMeta, settings: LaunchSettings, budget: Budget
+) -> LaunchSettings | None:
+    if not budget.gpus:
+        return None
+    n_total = meta.n_layer + 1
+    if meta.is_moe:
+        # keep every layer on the GPU and move experts of the first N layers to the CPU
+        def moe_ok(n: int) -> bool:
+            cand = replace(settings, n_gpu_layers=n_total, n_cpu_moe=meta.n_layer - n)
+            return check(meta, cand, budget).fits
+
+        kept = _largest(0, meta.n_layer, moe_ok)
+        if kept is not None:
+            return replace(settings, n_gpu_layers=n_total, n_cpu_moe=meta.n_layer - kept)
+
+    def ngl_ok(n: int) -> bool:
+        return check(meta, replace(settings, n_gpu_layers=n), budget).fits
+
+    ngl = _largest(0, n_total, ngl_ok)
+    return None if ngl is None else replace(settings, n_gpu_layers=ngl)
+
+
+def max_slots(
+    meta: ModelMeta, settings: LaunchSettings, budget: Budget, *, ctx_per_slot: int, most: int = 64
+) -> FitResult:
+    """The most slots (`-np`, separate KV streams) of `ctx_per_slot` tokens each that fit."""
+
+    def cand(n: int) -> LaunchSettings:
+        return replace(settings, parallel=n, kv_unified=False, ctx_size=ctx_per_slot * n)
+
+    best = _largest(1, most, lambda n: check(meta, cand(n), budget).fits)
+    if best is None:
+        one = check(meta, cand(1), budget)
+        return replace(one, reason=f"not even one slot of {ctx_per_slot} tokens fits: {one.reason}")
+    return check(meta, cand(best), budget)
+
+
+@dataclass(frozen=True)
+class KvOption:
+    cache_type_k: str
+    cache_type_v: str
+    max_context: int | None  # None = does not fit at all
+    kv_bytes_at_max: int
+
+
+def kv_type_tradeoff(
+    meta: ModelMeta, settings: LaunchSettings, budget: Budget
+) -> tuple[KvOption, ...]:
+    """The largest context for each KV cache type (quantized V turns flash attention on)."""
+    out = []
+    for k, v in KV_TYPE_LADDER:
+        s = replace(
+            settings,
+            cache_type_k=k,
+            cache_type_v=v,
+            flash_attn="on" if v != "f16" else settings.flash_attn,
+        )
+        r = max_context(meta, s, budget)
+        kv = sum(d.kv for d in r.footprint.devices)
+        out.append(KvOption(k, v, r.footprint.settings.n_ctx if r.fits else None, kv))
+    return tuple(out)
+
+
+def gpus_from_sizes(sizes: Sequence[int]) -> tuple[Gpu, ...]:
+    """What-if GPUs: `--gpu 24GiB --gpu 12GiB` -> GPU0, GPU1, all memory free."""
+    return tuple(Gpu(name=f"GPU{i}", total_bytes=n) for i, n in enumerate(sizes))
