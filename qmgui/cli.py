@@ -11,8 +11,13 @@ from typing import TextIO
 
 from qmgui import __version__, notify
 from qmgui.cache import SqliteHeaderCache
-from qmgui.core.discovery import ModelEntry, ScanResult, scan
-from qmgui.core.units import format_bytes
+from qmgui.core.discovery import ModelEntry, ScanResult, entry_for_path, scan
+from qmgui.core.errors import SizingError
+from qmgui.core.fit import Budget, FitResult, check, gpus_from_sizes
+from qmgui.core.footprint import Gpu
+from qmgui.core.launch import CACHE_TYPES, DEFAULT_BATCH, DEFAULT_UBATCH, LaunchSettings
+from qmgui.core.units import format_bytes, parse_size
+from qmgui.hw.nvml import read_gpus
 from qmgui.settings import load_settings
 from qmgui.stores import default_store_roots
 
@@ -37,7 +42,82 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("paths", nargs="*", metavar="PATH", help="a folder or a .gguf file")
     s.add_argument("--json", action="store_true", help="print a JSON list, one object a model")
     s.add_argument("--no-cache", action="store_true", help="read every header from disk")
+    _add_plan_parser(sub)
     return p
+
+
+def _add_plan_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="predict what one llama-server launch allocates, per GPU and in host memory",
+        description="Predict every buffer llama-server allocates for MODEL with these "
+        "settings (flag names as llama-server spells them). --gpu SIZE plans for a card that "
+        "need not exist; with no --gpu the NVIDIA GPUs present are used, and with none the "
+        "plan is CPU-only.",
+    )
+    p.add_argument("model", metavar="MODEL", help="a .gguf file (any shard of a split set)")
+    p.add_argument(
+        "-c",
+        "--ctx-size",
+        "--ctx",
+        dest="ctx",
+        type=int,
+        default=None,
+        help="context size in tokens across all slots (default: the trained one)",
+    )
+    p.add_argument(
+        "-np",
+        "--parallel",
+        dest="parallel",
+        type=int,
+        default=None,
+        help="slots (default: auto = 4 with a unified KV cache)",
+    )
+    uni = p.add_mutually_exclusive_group()
+    uni.add_argument("-kvu", "--kv-unified", dest="kv_unified", action="store_true", default=None)
+    uni.add_argument("-no-kvu", "--no-kv-unified", dest="kv_unified", action="store_false")
+    p.add_argument("-b", "--batch-size", "--batch", dest="batch", type=int, default=DEFAULT_BATCH)
+    p.add_argument(
+        "-ub", "--ubatch-size", "--ubatch", dest="ubatch", type=int, default=DEFAULT_UBATCH
+    )
+    p.add_argument("-ctk", "--cache-type-k", dest="ctk", default="f16", choices=CACHE_TYPES)
+    p.add_argument("-ctv", "--cache-type-v", dest="ctv", default="f16", choices=CACHE_TYPES)
+    p.add_argument("-fa", "--flash-attn", dest="fa", default="auto", choices=("on", "off", "auto"))
+    p.add_argument(
+        "-ngl",
+        "--n-gpu-layers",
+        "--gpu-layers",
+        dest="ngl",
+        type=int,
+        default=None,
+        help="layers on the GPU, the output layer counted (default: all)",
+    )
+    p.add_argument("-ncmoe", "--n-cpu-moe", dest="n_cpu_moe", type=int, default=0)
+    p.add_argument("-cmoe", "--cpu-moe", dest="cpu_moe", action="store_true")
+    p.add_argument("--swa-full", action="store_true")
+    p.add_argument("-nkvo", "--no-kv-offload", dest="no_kv_offload", action="store_true")
+    p.add_argument(
+        "-ts",
+        "--tensor-split",
+        dest="tensor_split",
+        default=None,
+        help="fractions per GPU, e.g. 3,1",
+    )
+    p.add_argument("--no-mmap", action="store_true")
+    p.add_argument(
+        "--gpu",
+        action="append",
+        default=[],
+        metavar="SIZE",
+        help="plan for a GPU of this size (24GiB, 12G, 80GB); repeat for several",
+    )
+    p.add_argument(
+        "--reserve",
+        default="512MiB",
+        metavar="SIZE",
+        help="headroom left free on every GPU (default 512MiB)",
+    )
+    p.add_argument("--json", action="store_true", help="print the plan as a JSON object")
 
 
 def main(
@@ -53,6 +133,8 @@ def main(
     # every message for the user goes through the notifier; the CLI prints them on stderr
     unsubscribe = notify.notifier.subscribe(lambda m: print(f"qmgui: {m.text}", file=err))
     try:
+        if args.command == "plan":
+            return cmd_plan(args, out)
         if args.command is None:
             # no window yet: show what qmgui finds on this machine, and how to ask for more
             print(
@@ -140,3 +222,131 @@ def _row(m: ModelEntry) -> tuple[str, ...]:
 
 if __name__ == "__main__":  # pragma: no cover
     os._exit(main())
+
+
+def _gpus(args: argparse.Namespace) -> tuple[Gpu, ...]:
+    if args.gpu:
+        return gpus_from_sizes([parse_size(g) for g in args.gpu])
+    return tuple(
+        Gpu(name=f"GPU{r.index}", total_bytes=r.total_bytes, free_bytes=r.free_bytes)
+        for r in read_gpus()
+    )
+
+
+def _launch_settings(args: argparse.Namespace) -> LaunchSettings:
+    split: tuple[float, ...] = ()
+    if args.tensor_split:
+        split = tuple(float(x) for x in args.tensor_split.replace("/", ",").split(","))
+    return LaunchSettings(
+        ctx_size=args.ctx,
+        parallel=args.parallel,
+        kv_unified=args.kv_unified,
+        batch_size=args.batch,
+        ubatch_size=args.ubatch,
+        cache_type_k=args.ctk,
+        cache_type_v=args.ctv,
+        flash_attn=args.fa,
+        n_gpu_layers=args.ngl,
+        n_cpu_moe=args.n_cpu_moe,
+        cpu_moe=args.cpu_moe,
+        swa_full=args.swa_full,
+        kv_offload=not args.no_kv_offload,
+        tensor_split=split,
+        mmap=not args.no_mmap,
+    )
+
+
+def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        gpus = _gpus(args)
+        reserve = parse_size(args.reserve)
+        settings = _launch_settings(args)
+    except ValueError as e:
+        notify.error(str(e), source="plan")
+        return EXIT_USAGE
+    entry = entry_for_path(args.model)
+    if entry.meta is None or entry.error:
+        notify.error(f"{args.model}: {entry.error or 'not a model'}", source="plan")
+        return EXIT_USAGE if entry.meta is None else EXIT_OK
+    if entry.format != "gguf":
+        notify.error(
+            f"{args.model}: llama-server plans need a GGUF file; this is a {entry.format} model",
+            source="plan",
+        )
+        return EXIT_USAGE
+    try:
+        result = check(entry.meta, settings, Budget(gpus=gpus, gpu_reserve=reserve))
+    except SizingError as e:
+        notify.error(str(e), source="plan")
+        return EXIT_USAGE
+    if args.json:
+        json.dump(_plan_json(result), out, indent=2)
+        out.write("\n")
+    else:
+        _print_plan(entry, result, out)
+    return EXIT_OK
+
+
+def _plan_json(result: FitResult) -> dict[str, object]:
+    r = result.footprint.settings
+    return {
+        "settings": {
+            "n_ctx": r.n_ctx,
+            "n_ctx_seq": r.n_ctx_seq,
+            "n_seq": r.n_seq,
+            "kv_unified": r.kv_unified,
+            "n_batch": r.n_batch,
+            "n_ubatch": r.n_ubatch,
+            "cache_type_k": r.cache_type_k,
+            "cache_type_v": r.cache_type_v,
+            "flash_attn": r.flash_attn,
+            "swa_full": r.swa_full,
+            "n_gpu_layers": result.footprint.n_gpu_layers,
+        },
+        "devices": [d.to_json() for d in result.footprint.devices],
+        "fits": result.fits,
+        "reason": result.reason,
+        "notes": list(result.footprint.notes),
+    }
+
+
+def _print_plan(entry: ModelEntry, result: FitResult, out: TextIO) -> None:
+    fp = result.footprint
+    r = fp.settings
+    print(
+        f"{entry.name}  ({entry.meta.architecture if entry.meta else '?'}, "
+        f"{format_bytes(entry.size_bytes)})",
+        file=out,
+    )
+    print(
+        f"context {r.n_ctx} ({r.n_seq} slots, {r.n_ctx_seq} per slot, "
+        f"{'unified' if r.kv_unified else 'separate'} KV), batch {r.n_batch}/{r.n_ubatch}, "
+        f"KV {r.cache_type_k}/{r.cache_type_v}, flash attention "
+        f"{'on' if r.flash_attn else 'off'}, {fp.n_gpu_layers} GPU layers",
+        file=out,
+    )
+    cols = ("DEVICE", "WEIGHTS", "KV", "STATE", "COMPUTE", "OUTPUT", "TOTAL")
+    rows = [cols] + [
+        (
+            d.name,
+            format_bytes(d.weights),
+            format_bytes(d.kv),
+            format_bytes(d.recurrent),
+            format_bytes(d.compute),
+            format_bytes(d.output),
+            format_bytes(d.total),
+        )
+        for d in fp.devices
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
+    for row in rows:
+        print(
+            "  ".join(
+                c.rjust(w) if i else c.ljust(w)
+                for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            ),
+            file=out,
+        )
+    print("fits" if result.fits else f"does not fit: {result.reason}", file=out)
+    for note in fp.notes:
+        print(f"note: {note}", file=out)
