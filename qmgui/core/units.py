@@ -30,11 +30,20 @@ def format_count(n: int | None) -> str:
 
 
 _SIZE_UNITS = {
-    "": 1, "b": 1,
-    "k": KIB, "kb": 1000, "kib": KIB,
-    "m": MIB, "mb": 1000**2, "mib": MIB,
-    "g": GIB, "gb": 1000**3, "gib": GIB,
-    "t": 1024**4, "tb": 1000**4, "tib": 1024**4,
+    "": 1,
+    "b": 1,
+    "k": KIB,
+    "kb": 1000,
+    "kib": KIB,
+    "m": MIB,
+    "mb": 1000**2,
+    "mib": MIB,
+    "g": GIB,
+    "gb": 1000**3,
+    "gib": GIB,
+    "t": 1024**4,
+    "tb": 1000**4,
+    "tib": 1024**4,
 }
 
 
@@ -42,7 +51,7 @@ def parse_size(text: str) -> int:
     """'24GiB', '24G' (binary), '80GB' (decimal), '512MiB', '1.5GiB', '1048576' -> bytes."""
     s = text.strip().lower().replace(" ", "")
     num = s.rstrip("kmgtib")
-    unit = s[len(num):]
+    unit = s[len(num) :]
     if unit not in _SIZE_UNITS or not num:
         raise ValueError(f"not a size: {text!r} (examples: 24GiB, 12G, 80GB, 512MiB)")
     try:

@@ -39,13 +39,15 @@ def read_gpus(nvml: Any = None) -> list[GpuReading]:
             h = nvml.nvmlDeviceGetHandleByIndex(i)
             name = nvml.nvmlDeviceGetName(h)
             mem = nvml.nvmlDeviceGetMemoryInfo(h)
-            out.append(GpuReading(
-                index=i,
-                name=name.decode() if isinstance(name, bytes) else str(name),
-                total_bytes=int(mem.total),
-                free_bytes=int(mem.free),
-                used_bytes=int(mem.used),
-            ))
+            out.append(
+                GpuReading(
+                    index=i,
+                    name=name.decode() if isinstance(name, bytes) else str(name),
+                    total_bytes=int(mem.total),
+                    free_bytes=int(mem.free),
+                    used_bytes=int(mem.used),
+                )
+            )
         return out
     except Exception:  # a GPU that fell off the bus mid-read: report what we have not
         return []
