@@ -259,7 +259,7 @@ def _launch_settings(args: argparse.Namespace) -> LaunchSettings:
 def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     try:
         gpus = _gpus(args)
-        reserve = parse_size(args.reserve)
+        reserve = parse_size(args.reserve, allow_zero=True)
         settings = _launch_settings(args)
     except ValueError as e:
         notify.error(str(e), source="plan")

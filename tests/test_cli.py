@@ -88,3 +88,67 @@ def test_module_entry_point(models: Path) -> None:
         check=True,
     )
     assert len(json.loads(out.stdout)) == 2
+
+
+def test_plan_json_has_the_documented_shape(models: Path) -> None:
+    model = models / "tiny-llama.gguf"
+    code, out, _ = run("plan", str(model), "--ctx", "1000", "--parallel", "2", "--json")
+    assert code == 0
+    plan = json.loads(out)
+    assert plan["settings"]["n_ctx"] == 1024
+    assert plan["settings"]["n_seq"] == 2
+    assert plan["settings"]["n_ctx_seq"] == 512
+    for key in ("n_batch", "n_ubatch", "cache_type_k", "cache_type_v", "flash_attn"):
+        assert key in plan["settings"]
+    (cpu,) = plan["devices"]  # no --gpu and no GPU here: a CPU-only plan
+    assert cpu["name"] == "CPU"
+    for key in ("weights", "kv", "recurrent", "compute", "output", "other", "total"):
+        assert isinstance(cpu[key], int)
+    assert cpu["kv"] > 0
+    assert plan["fits"] is True
+    assert plan["reason"] is None
+
+
+def test_plan_for_a_gpu_that_need_not_exist(models: Path) -> None:
+    code, out, _ = run(
+        "plan", str(models / "tiny-llama.gguf"), "--gpu", "24GiB", "--gpu", "12GiB", "--json"
+    )
+    assert code == 0
+    names = [d["name"] for d in json.loads(out)["devices"]]
+    assert names == ["GPU0", "GPU1", "CPU"]
+
+
+def test_plan_that_does_not_fit(models: Path) -> None:
+    code, out, _ = run(
+        "plan",
+        str(models / "tiny-llama.gguf"),
+        "-c",
+        "4096",
+        "--gpu",
+        "1MiB",
+        "--reserve",
+        "0",
+        "--json",
+    )
+    assert code == 0
+    plan = json.loads(out)
+    assert plan["fits"] is False
+    assert "GPU0" in plan["reason"]
+
+
+def test_plan_table_and_errors(models: Path, tmp_path: Path) -> None:
+    code, out, _ = run(
+        "plan", str(models / "tiny-llama.gguf"), "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on"
+    )
+    assert code == 0
+    assert "KV q8_0/q8_0" in out
+    assert "DEVICE" in out
+    code, _, err = run("plan", str(models / "tiny-llama.gguf"), "--gpu", "lots")
+    assert code == 2
+    assert "not a size" in err
+    code, _, err = run("plan", str(models / "tiny-llama.gguf"), "-ctv", "q8_0", "-fa", "off")
+    assert code == 2
+    assert "flash attention" in err
+    code, _, err = run("plan", str(tmp_path / "missing.gguf"))
+    assert code == 2
+    assert "vanished" in err or "not" in err

@@ -47,7 +47,7 @@ _SIZE_UNITS = {
 }
 
 
-def parse_size(text: str) -> int:
+def parse_size(text: str, *, allow_zero: bool = False) -> int:
     """'24GiB', '24G' (binary), '80GB' (decimal), '512MiB', '1.5GiB', '1048576' -> bytes."""
     s = text.strip().lower().replace(" ", "")
     num = s.rstrip("kmgtib")
@@ -58,6 +58,6 @@ def parse_size(text: str) -> int:
         value = float(num)
     except ValueError:
         raise ValueError(f"not a size: {text!r} (examples: 24GiB, 12G, 80GB, 512MiB)") from None
-    if value <= 0:
+    if value < 0 or (value == 0 and not allow_zero):
         raise ValueError(f"a size must be positive, not {text!r}")
     return int(value * _SIZE_UNITS[unit])

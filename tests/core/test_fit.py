@@ -1,0 +1,117 @@
+"""Fit searches over the footprint: results fit their budget, and 'does not fit' says why."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from qmgui.core.fit import (
+    Budget,
+    check,
+    gpus_from_sizes,
+    kv_type_tradeoff,
+    max_context,
+    max_slots,
+    offload_for_context,
+)
+from qmgui.core.footprint import CPU
+from qmgui.core.launch import LaunchSettings
+from qmgui.core.units import MIB
+from tests.core.test_footprint import make_meta, tensors
+
+BIG_CTX = 131072
+
+
+def meta():  # type: ignore[no-untyped-def]
+    return make_meta(context_length=BIG_CTX)
+
+
+def test_max_context_is_the_largest_that_fits() -> None:
+    m = meta()
+    budget = Budget(gpus=gpus_from_sizes([40 * MIB]), gpu_reserve=0)
+    r = max_context(m, LaunchSettings(parallel=1), budget)
+    assert r.fits
+    n = r.footprint.settings.n_ctx
+    assert 256 <= n < BIG_CTX
+    assert not check(m, LaunchSettings(parallel=1, ctx_size=n + 256), budget).fits
+    gpu = r.footprint.device("GPU0")
+    assert gpu.total <= 40 * MIB
+
+
+def test_reserve_is_left_free() -> None:
+    m = meta()
+    no_reserve = max_context(
+        m, LaunchSettings(parallel=1), Budget(gpus=gpus_from_sizes([40 * MIB]), gpu_reserve=0)
+    )
+    reserve = max_context(
+        m,
+        LaunchSettings(parallel=1),
+        Budget(gpus=gpus_from_sizes([40 * MIB]), gpu_reserve=10 * MIB),
+    )
+    assert reserve.footprint.settings.n_ctx < no_reserve.footprint.settings.n_ctx
+    assert reserve.footprint.device("GPU0").total <= 30 * MIB
+
+
+def test_does_not_fit_is_a_result_with_reason_and_nearest() -> None:
+    m = meta()
+    budget = Budget(gpus=gpus_from_sizes([300_000]), gpu_reserve=0)
+    r = max_context(m, LaunchSettings(parallel=1), budget)
+    assert not r.fits
+    assert r.reason is not None
+    assert "GPU0" in r.reason
+    assert r.nearest is not None
+    assert r.nearest.n_gpu_layers is not None
+    assert r.nearest.n_gpu_layers < m.n_layer + 1
+    assert check(m, r.nearest, budget).fits
+
+
+def test_offload_for_context_moves_experts_first_for_moe() -> None:
+    m = make_meta(tensors=tensors(moe=True), n_expert=8, n_expert_used=2, context_length=4096)
+    full = check(
+        m, LaunchSettings(ctx_size=4096, parallel=1), Budget(gpus=gpus_from_sizes([1 << 40]))
+    )
+    need = full.footprint.device("GPU0").total
+    budget = Budget(gpus=gpus_from_sizes([need - 20_000]), gpu_reserve=0)
+    r = offload_for_context(m, LaunchSettings(ctx_size=4096, parallel=1), budget)
+    assert r.fits
+    assert r.nearest is not None
+    assert r.nearest.n_cpu_moe > 0
+    assert r.nearest.n_gpu_layers == m.n_layer + 1
+
+
+def test_host_budget_is_checked() -> None:
+    m = meta()
+    r = check(m, LaunchSettings(ctx_size=BIG_CTX, parallel=1), Budget(host_bytes=1 * MIB))
+    assert not r.fits
+    assert r.reason is not None
+    assert "host memory" in r.reason
+    assert r.footprint.host.name == CPU
+
+
+def test_slots_and_kv_types() -> None:
+    m = meta()
+    budget = Budget(gpus=gpus_from_sizes([40 * MIB]), gpu_reserve=0)
+    slots = max_slots(m, LaunchSettings(), budget, ctx_per_slot=4096)
+    assert slots.fits
+    assert slots.footprint.settings.n_seq >= 2
+    options = kv_type_tradeoff(m, LaunchSettings(parallel=1), budget)
+    ctxs = [o.max_context or 0 for o in options]
+    assert ctxs == sorted(ctxs)  # smaller cache types reach at least as far
+    assert ctxs[1] > ctxs[0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(mib=st.integers(2, 200), reserve=st.integers(0, 8))
+def test_a_plan_that_fits_never_exceeds_its_budget(mib: int, reserve: int) -> None:
+    m = meta()
+    budget = Budget(gpus=gpus_from_sizes([mib * MIB]), gpu_reserve=reserve * MIB)
+    r = max_context(m, LaunchSettings(parallel=1), budget)
+    chosen = r.nearest if not r.fits and r.nearest else r.settings
+    final = check(m, replace(chosen), budget)
+    if r.fits or r.nearest:
+        assert final.fits
+        for d in final.footprint.devices:
+            limit = budget.limit(d.name)
+            assert limit is None or d.total <= limit

@@ -1,0 +1,223 @@
+"""Footprint rules, one by one, on hand-made metadata (the real engine checks them in
+bench/accuracy.py and tests/engines)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from qmgui.core.errors import SizingError
+from qmgui.core.footprint import (
+    CPU,
+    Gpu,
+    estimate,
+    kv_bytes_per_layer,
+    layer_device_map,
+    output_bytes,
+    recurrent_bytes_per_layer,
+)
+from qmgui.core.launch import LaunchSettings, resolve, row_bytes
+from qmgui.core.meta import MlaDims, ModelClass, ModelMeta, SsmDims, TensorEntry
+from qmgui.core.units import GIB
+
+N_LAYER = 4
+
+
+def tensors(
+    n_layer: int = N_LAYER, *, tied: bool = False, moe: bool = False
+) -> tuple[TensorEntry, ...]:
+    out = [TensorEntry("token_embd.weight", "F16", (64, 1000), 128_000, 0)]
+    off = 128_000
+    for il in range(n_layer):
+        names = ["attn_q", "attn_k", "ffn_up"] + (["ffn_up_exps", "ffn_down_exps"] if moe else [])
+        for n in names:
+            out.append(TensorEntry(f"blk.{il}.{n}.weight", "F16", (64, 64), 8192, off))
+            off += 8192
+    out.append(TensorEntry("output_norm.weight", "F32", (64,), 256, off))
+    off += 256
+    if not tied:
+        out.append(TensorEntry("output.weight", "F16", (64, 1000), 128_000, off))
+    return tuple(out)
+
+
+def make_meta(**kw: object) -> ModelMeta:
+    n_layer = int(kw.pop("n_layer", N_LAYER))  # type: ignore[call-overload]
+    base = ModelMeta(
+        format="gguf",
+        architecture="llama",
+        name="t",
+        model_class=ModelClass.LLM,
+        quant="F16",
+        param_count=1,
+        weight_bytes=1,
+        context_length=8192,
+        n_layer=n_layer,
+        n_embd=64,
+        n_head=(4,) * n_layer,
+        n_head_kv=(2,) * n_layer,
+        head_dim_k=16,
+        head_dim_v=16,
+        vocab_size=1000,
+        swa_layers=(False,) * n_layer,
+        recurrent_layers=(False,) * n_layer,
+        tensors=tensors(n_layer),
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def test_layer_map_counts_the_output_layer() -> None:
+    m = make_meta()
+    gpu = (Gpu("GPU0", 24 * GIB),)
+    assert layer_device_map(m, gpu, 5) == ("GPU0",) * 5
+    assert layer_device_map(m, gpu, 1) == (CPU, CPU, CPU, CPU, "GPU0")  # only the output
+    assert layer_device_map(m, gpu, 2) == (CPU, CPU, CPU, "GPU0", "GPU0")
+    assert layer_device_map(m, gpu, 0) == (CPU,) * 5
+    assert layer_device_map(m, (), 5) == (CPU,) * 5
+
+
+def test_layer_map_splits_by_free_memory_or_tensor_split() -> None:
+    m = make_meta()
+    two = (Gpu("GPU0", 24 * GIB), Gpu("GPU1", 24 * GIB, free_bytes=8 * GIB))
+    # free 24 : 8 -> split points 0.75, 1.0 over 5 layers: x = 0, .2, .4, .6 -> GPU0, .8 -> GPU1
+    assert layer_device_map(m, two, 5) == ("GPU0",) * 4 + ("GPU1",)
+    assert layer_device_map(m, two, 5, (1, 1)) == ("GPU0",) * 3 + ("GPU1",) * 2
+    with pytest.raises(SizingError):
+        layer_device_map(m, two, 5, (1, 1, 1))
+
+
+def test_input_layer_stays_on_the_cpu_and_tied_output_is_copied() -> None:
+    gpu = (Gpu("GPU0", 24 * GIB),)
+    untied = estimate(make_meta(), LaunchSettings(ctx_size=256), gpu)
+    assert untied.host.weights == 128_000  # token_embd only
+    tied = estimate(
+        make_meta(tensors=tensors(tied=True), tied_embeddings=True),
+        LaunchSettings(ctx_size=256),
+        gpu,
+    )
+    assert tied.host.weights == 128_000
+    # the GPU holds the layers, the output norm and a copy of token_embd as the output matrix
+    assert tied.device("GPU0").weights == N_LAYER * 3 * 8192 + 256 + 128_000
+
+
+def test_cpu_only_mapped_weights_are_the_file_span() -> None:
+    m = make_meta()
+    fp = estimate(m, LaunchSettings(ctx_size=256))
+    last = m.tensors[-1]
+    assert fp.host.weights == last.offset + last.nbytes - m.tensors[0].offset
+    no_mmap = estimate(m, LaunchSettings(ctx_size=256, mmap=False))
+    assert no_mmap.host.weights == sum(-(-t.nbytes // 32) * 32 for t in m.tensors)
+
+
+def test_n_cpu_moe_keeps_the_first_layers_experts_on_the_cpu() -> None:
+    m = make_meta(tensors=tensors(moe=True), n_expert=8, n_expert_used=2)
+    gpu = (Gpu("GPU0", 24 * GIB),)
+    all_gpu = estimate(m, LaunchSettings(ctx_size=256), gpu)
+    two = estimate(m, LaunchSettings(ctx_size=256, n_cpu_moe=2), gpu)
+    moved = 2 * 2 * 8192  # two layers, two expert tensors each
+    assert two.device("GPU0").weights == all_gpu.device("GPU0").weights - moved
+    every = estimate(m, LaunchSettings(ctx_size=256, cpu_moe=True), gpu)
+    assert every.device("GPU0").weights == all_gpu.device("GPU0").weights - N_LAYER * 2 * 8192
+
+
+def test_kv_cache_exact_rows() -> None:
+    m = make_meta()
+    r = resolve(m, LaunchSettings(ctx_size=1000, parallel=1))
+    assert r.n_ctx == 1024
+    per = kv_bytes_per_layer(m, r)
+    assert per[0] == 2 * 1024 * 32 * 2  # K and V: 1024 cells x 2 heads x 16 x f16
+    q8 = resolve(
+        m,
+        LaunchSettings(
+            ctx_size=1024, parallel=1, cache_type_k="q8_0", cache_type_v="q8_0", flash_attn="on"
+        ),
+    )
+    assert kv_bytes_per_layer(m, q8)[0] == 2 * 1024 * row_bytes("q8_0", 32)
+    assert row_bytes("q8_0", 32) == 34  # 34 bytes per 32 values, not 32
+
+
+def test_quantized_v_needs_flash_attention() -> None:
+    with pytest.raises(SizingError, match="flash attention"):
+        resolve(make_meta(), LaunchSettings(cache_type_v="q8_0", flash_attn="off"))
+
+
+def test_v_rows_padded_to_the_widest_layer_without_flash_attention() -> None:
+    m = make_meta(n_head_kv=(2, 4, 2, 4))
+    fa = kv_bytes_per_layer(m, resolve(m, LaunchSettings(ctx_size=256, flash_attn="on")))
+    no_fa = kv_bytes_per_layer(m, resolve(m, LaunchSettings(ctx_size=256, flash_attn="off")))
+    assert fa[0] == 256 * (32 + 32) * 2
+    assert no_fa[0] == 256 * (32 + 64) * 2  # V as wide as layer 1's
+
+
+def test_separate_streams_and_slots() -> None:
+    m = make_meta()
+    r = resolve(m, LaunchSettings(ctx_size=4096, parallel=4))
+    assert (r.n_seq, r.n_ctx_seq, r.n_stream, r.kv_unified) == (4, 1024, 4, False)
+    unified = resolve(m, LaunchSettings(ctx_size=4096, parallel=4, kv_unified=True))
+    assert (unified.n_ctx_seq, unified.n_stream) == (4096, 1)
+    assert sum(kv_bytes_per_layer(m, r).values()) == sum(kv_bytes_per_layer(m, unified).values())
+    auto = resolve(m, LaunchSettings(ctx_size=4096))
+    assert (auto.n_seq, auto.kv_unified) == (4, True)
+
+
+def test_sliding_window_cells() -> None:
+    m = make_meta(sliding_window=128, swa_layers=(True, True, True, False))
+    r = resolve(m, LaunchSettings(ctx_size=8192, parallel=1))
+    per = kv_bytes_per_layer(m, r)
+    swa_cells = 128 + 512  # window x 1 seq + ubatch, padded to 256 -> 768
+    assert per[0] == 768 * 64 * 2
+    assert per[3] == 8192 * 64 * 2
+    full = kv_bytes_per_layer(
+        m, resolve(m, LaunchSettings(ctx_size=8192, parallel=1, swa_full=True))
+    )
+    assert full[0] == per[3]
+    assert swa_cells <= 768
+
+
+def test_mla_keeps_one_latent_and_no_v() -> None:
+    m = make_meta(
+        n_head_kv=(1,) * N_LAYER,
+        head_dim_k=576,
+        head_dim_v=512,
+        mla=MlaDims(512, 1536, 64, 192, 128),
+    )
+    r = resolve(m, LaunchSettings(ctx_size=1024, parallel=1))
+    assert kv_bytes_per_layer(m, r)[0] == 1024 * 576 * 2
+
+
+def test_recurrent_state_grows_with_slots_not_context() -> None:
+    ssm = SsmDims(conv_kernel=4, inner_size=128, state_size=16, group_count=1, time_step_rank=8)
+    m = make_meta(n_head_kv=(0, 0, 2, 0), recurrent_layers=(True, True, False, True), ssm=ssm)
+    small = recurrent_bytes_per_layer(m, resolve(m, LaunchSettings(ctx_size=256, parallel=1)))
+    big = recurrent_bytes_per_layer(m, resolve(m, LaunchSettings(ctx_size=8192, parallel=1)))
+    assert small == big
+    per_seq = (3 * (128 + 2 * 16) + 16 * 128) * 4
+    assert small == {0: per_seq, 1: per_seq, 3: per_seq}
+    four = recurrent_bytes_per_layer(m, resolve(m, LaunchSettings(ctx_size=8192, parallel=4)))
+    assert four[0] == 4 * per_seq
+    assert set(kv_bytes_per_layer(m, resolve(m, LaunchSettings(ctx_size=256)))) == {2}
+
+
+def test_encoders_keep_no_kv_and_output_counts_embeddings() -> None:
+    m = make_meta(architecture="bert", causal=False, model_class=ModelClass.EMBEDDING)
+    fp = estimate(m, LaunchSettings(ctx_size=512))
+    assert fp.host.kv == 0
+    r = fp.settings
+    assert output_bytes(m, r, embeddings=True) == (1000 + 64) * r.n_seq * 4
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    a=st.integers(1, 64),
+    b=st.integers(1, 64),
+    np_=st.sampled_from([None, 1, 2, 4]),
+    swa=st.booleans(),
+)
+def test_more_context_never_costs_less(a: int, b: int, np_: int | None, swa: bool) -> None:
+    m = make_meta(sliding_window=128 if swa else None, swa_layers=(swa, swa, swa, False))
+    lo, hi = sorted((a * 256, b * 256))
+    small = estimate(m, LaunchSettings(ctx_size=lo, parallel=np_))
+    large = estimate(m, LaunchSettings(ctx_size=hi, parallel=np_))
+    assert large.host.total >= small.host.total
