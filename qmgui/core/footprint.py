@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from qmgui.core.errors import SizingError
 from qmgui.core.launch import LaunchSettings, Resolved, pad, resolve, row_bytes
-from qmgui.core.meta import ModelMeta, Pooling, TensorEntry
+from qmgui.core.meta import ModelMeta, Pooling
 
 CPU = "CPU"
 # tensors of llama.cpp's input layer (LLM_TENSOR_LAYER_INPUT): always on the CPU
@@ -146,20 +146,45 @@ def layer_device_map(
     return tuple(out)
 
 
-def _tensor_device(
-    t: TensorEntry, meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings
-) -> str:
-    if t.name in INPUT_TENSORS:
-        return CPU
-    m = _BLK.match(t.name)
-    if m is None:
-        return layer_dev[meta.n_layer]  # output layer (output, output_norm, cls...)
-    il = int(m.group(1))
-    if il >= meta.n_layer:
-        return layer_dev[meta.n_layer]  # blocks beyond the model's layers go with the output
-    if _EXPERTS.search(t.name) and (s.cpu_moe or il < s.n_cpu_moe):
-        return CPU
-    return layer_dev[il]
+_INPUT, _LAYER, _OUTPUT = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class _Placed:
+    """A tensor reduced to what placement needs (built once per model, see _table)."""
+
+    role: int  # _INPUT, _LAYER or _OUTPUT
+    layer: int
+    expert: bool
+    offset: int
+    nbytes: int
+    file_index: int
+
+
+_TABLES: dict[int, tuple[ModelMeta, tuple[_Placed, ...]]] = {}
+_TABLES_KEPT = 32  # a fit search asks for the same model dozens of times
+
+
+def _table(meta: ModelMeta) -> tuple[_Placed, ...]:
+    hit = _TABLES.get(id(meta))
+    if hit is not None and hit[0] is meta:
+        return hit[1]
+    rows = []
+    for t in meta.tensors:
+        m = _BLK.match(t.name)
+        if t.name in INPUT_TENSORS:
+            role, layer = _INPUT, -1
+        elif m is None or int(m.group(1)) >= meta.n_layer:
+            role, layer = _OUTPUT, -1  # output layer, and blocks beyond the model's layers
+        else:
+            role, layer = _LAYER, int(m.group(1))
+        expert = role == _LAYER and _EXPERTS.search(t.name) is not None
+        rows.append(_Placed(role, layer, expert, t.offset, t.nbytes, t.file_index))
+    table = tuple(rows)
+    if len(_TABLES) >= _TABLES_KEPT:
+        _TABLES.clear()
+    _TABLES[id(meta)] = (meta, table)
+    return table
 
 
 def _weights(meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings) -> dict[str, int]:
@@ -167,8 +192,16 @@ def _weights(meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings) -> di
     they cover (llama.cpp maps [first tensor, last tensor end) of each file)."""
     per: dict[str, int] = {}
     cpu_spans: dict[int, list[int]] = {}
-    for t in meta.tensors:
-        dev = _tensor_device(t, meta, layer_dev, s)
+    out_dev = layer_dev[meta.n_layer]
+    for t in _table(meta):
+        if t.role == _INPUT:
+            dev = CPU
+        elif t.role == _OUTPUT:
+            dev = out_dev
+        elif t.expert and (s.cpu_moe or t.layer < s.n_cpu_moe):
+            dev = CPU
+        else:
+            dev = layer_dev[t.layer]
         if dev == CPU and s.mmap:
             lo_hi = cpu_spans.setdefault(t.file_index, [t.offset, t.offset + t.nbytes])
             lo_hi[0] = min(lo_hi[0], t.offset)
@@ -179,12 +212,11 @@ def _weights(meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings) -> di
             per[dev] = per.get(dev, 0) + t.nbytes
     if cpu_spans:
         per[CPU] = per.get(CPU, 0) + sum(hi - lo for lo, hi in cpu_spans.values())
-    if meta.tied_embeddings and layer_dev[meta.n_layer] != CPU:
+    if meta.tied_embeddings and out_dev != CPU:
         # no output.weight: llama.cpp duplicates token_embd onto the output device
         embd = next((t for t in meta.tensors if t.name == "token_embd.weight"), None)
         if embd is not None:
-            dev = layer_dev[meta.n_layer]
-            per[dev] = per.get(dev, 0) + embd.nbytes
+            per[out_dev] = per.get(out_dev, 0) + embd.nbytes
     return per
 
 
