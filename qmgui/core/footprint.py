@@ -21,9 +21,14 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from gguf import GGML_QUANT_SIZES
+
 from qmgui.core.errors import SizingError
 from qmgui.core.launch import LaunchSettings, Resolved, pad, resolve, row_bytes
-from qmgui.core.meta import ModelMeta, Pooling
+from qmgui.core.meta import ModelMeta, Pooling, TensorEntry
+
+# ggml type name -> (elements per block, bytes per block), from the gguf package's table
+QUANT_BLOCKS: dict[str, tuple[int, int]] = {t.name: v for t, v in GGML_QUANT_SIZES.items()}
 
 CPU = "CPU"
 # tensors of llama.cpp's input layer (LLM_TENSOR_LAYER_INPUT): always on the CPU
@@ -62,6 +67,7 @@ class Gpu:
     name: str
     total_bytes: int
     free_bytes: int | None = None  # None = all of total is free
+    backend: str = "cuda"  # whose allocation rules apply: cuda (also ROCm), vulkan, metal
 
     @property
     def available(self) -> int:
@@ -159,6 +165,7 @@ class _Placed:
     offset: int
     nbytes: int
     file_index: int
+    cuda_nbytes: int  # what a CUDA buffer allocates for it (quantized rows padded)
 
 
 _TABLES: dict[int, tuple[ModelMeta, tuple[_Placed, ...]]] = {}
@@ -179,7 +186,9 @@ def _table(meta: ModelMeta) -> tuple[_Placed, ...]:
         else:
             role, layer = _LAYER, int(m.group(1))
         expert = role == _LAYER and _EXPERTS.search(t.name) is not None
-        rows.append(_Placed(role, layer, expert, t.offset, t.nbytes, t.file_index))
+        rows.append(
+            _Placed(role, layer, expert, t.offset, t.nbytes, t.file_index, _cuda_alloc_size(t))
+        )
     table = tuple(rows)
     if len(_TABLES) >= _TABLES_KEPT:
         _TABLES.clear()
@@ -187,7 +196,27 @@ def _table(meta: ModelMeta) -> tuple[_Placed, ...]:
     return table
 
 
-def _weights(meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings) -> dict[str, int]:
+# ggml-cuda: MATRIX_ROW_PADDING pads the last row of a quantized matrix to 512 values, and
+# its buffers align every tensor to 128 bytes (ggml_backend_cuda_buffer_type_get_alignment)
+CUDA_ROW_PADDING = 512
+CUDA_ALIGNMENT = 128
+_UNQUANTIZED = frozenset({"F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64"})
+
+
+def _cuda_alloc_size(t: TensorEntry) -> int:
+    size = t.nbytes
+    rem = t.shape[0] % CUDA_ROW_PADDING if t.shape else 0
+    if rem and t.dtype not in _UNQUANTIZED:
+        block_type = QUANT_BLOCKS.get(t.dtype)
+        if block_type is not None:
+            block, type_size = block_type
+            size += (CUDA_ROW_PADDING - rem) // block * type_size
+    return pad(size, CUDA_ALIGNMENT)
+
+
+def _weights(
+    meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings, backends: dict[str, str]
+) -> dict[str, int]:
     """Weight bytes per device. CPU tensors of a memory-mapped file count as the file span
     they cover (llama.cpp maps [first tensor, last tensor end) of each file)."""
     per: dict[str, int] = {}
@@ -208,6 +237,8 @@ def _weights(meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings) -> di
             lo_hi[1] = max(lo_hi[1], t.offset + t.nbytes)
         elif dev == CPU:
             per[CPU] = per.get(CPU, 0) + pad(t.nbytes, MAPPED_ALIGNMENT)
+        elif backends.get(dev) == "cuda":
+            per[dev] = per.get(dev, 0) + t.cuda_nbytes
         else:
             per[dev] = per.get(dev, 0) + t.nbytes
     if cpu_spans:
@@ -324,7 +355,8 @@ def estimate(
     def add(dev: str, kind: str, n: int) -> None:
         acc[dev][kind] = acc[dev].get(kind, 0) + n
 
-    for dev, n in _weights(meta, layer_dev, settings).items():
+    backends = {g.name: g.backend for g in gpus}
+    for dev, n in _weights(meta, layer_dev, settings, backends).items():
         add(dev, "weights", n)
     for il, n in kv_bytes_per_layer(meta, r).items():
         add(layer_dev[il] if settings.kv_offload else CPU, "kv", n)
