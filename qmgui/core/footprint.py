@@ -251,6 +251,18 @@ def _weights(
     return per
 
 
+@dataclass(frozen=True)
+class EngineRules:
+    """Allocation rules that moved between llama.cpp builds; `build` None = a recent build."""
+
+    build: int | None = None
+
+    @property
+    def mla_keeps_v(self) -> bool:
+        # before ~b7832 an MLA cache also held a V row of kv_lora_rank (SIZING.md)
+        return self.build is not None and self.build < 7832
+
+
 def kv_layers(meta: ModelMeta) -> list[int]:
     """Layers that keep attention KV: attention heads, not recurrent, not sharing KV."""
     if meta.architecture in NO_MEMORY_ARCHS:
@@ -280,10 +292,13 @@ def _head_dims(meta: ModelMeta) -> tuple[int, int]:
     return k, v
 
 
-def kv_bytes_per_layer(meta: ModelMeta, r: Resolved) -> dict[int, int]:
+def kv_bytes_per_layer(
+    meta: ModelMeta, r: Resolved, rules: EngineRules = EngineRules()
+) -> dict[int, int]:
     layers = kv_layers(meta)
     hk, hv = _head_dims(meta)
-    mla = meta.mla is not None and meta.mla.key_length_mla is not None
+    # a re-converted MLA GGUF (with key_length_mla) caches one latent per token
+    mla = meta.mla is not None and meta.mla.key_length_mla is not None and not rules.mla_keeps_v
     v_widths = [hv * meta.n_head_kv[il] for il in layers]
     v_max = max(v_widths, default=0)
     out = {}
@@ -336,8 +351,14 @@ def estimate(
     gpus: Sequence[Gpu] = (),
     *,
     embeddings: bool | None = None,
+    mmproj: ModelMeta | None = None,
+    mmproj_offload: bool = True,
+    rules: EngineRules = EngineRules(),
 ) -> Footprint:
-    """Every buffer one launch allocates, per GPU and in host memory."""
+    """Every buffer one launch allocates, per GPU and in host memory.
+
+    `mmproj` is the projector's metadata: its weights go to the first GPU (llama-server's
+    default `--mmproj-offload`) or to the CPU."""
     r = resolve(meta, settings)
     if embeddings is None:
         embeddings = meta.pooling != Pooling.NONE or not meta.causal
@@ -358,12 +379,16 @@ def estimate(
     backends = {g.name: g.backend for g in gpus}
     for dev, n in _weights(meta, layer_dev, settings, backends).items():
         add(dev, "weights", n)
-    for il, n in kv_bytes_per_layer(meta, r).items():
+    for il, n in kv_bytes_per_layer(meta, r, rules).items():
         add(layer_dev[il] if settings.kv_offload else CPU, "kv", n)
     for il, n in recurrent_bytes_per_layer(meta, r).items():
         add(layer_dev[il] if settings.kv_offload else CPU, "recurrent", n)
     add(CPU, "output", output_bytes(meta, r, embeddings=embeddings))
     notes: list[str] = []
+    if mmproj is not None:
+        proj_dev = gpus[0].name if gpus and mmproj_offload else CPU
+        add(proj_dev, "weights", mmproj.weight_bytes)
+        notes.append("the projector's image warm-up compute buffer is not estimated")
     compute = _compute(meta, r, layer_dev, embeddings=embeddings, notes=notes)
     for dev, n in compute.items():
         add(dev, "compute", n)

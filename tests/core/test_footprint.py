@@ -221,3 +221,39 @@ def test_more_context_never_costs_less(a: int, b: int, np_: int | None, swa: boo
     small = estimate(m, LaunchSettings(ctx_size=lo, parallel=np_))
     large = estimate(m, LaunchSettings(ctx_size=hi, parallel=np_))
     assert large.host.total >= small.host.total
+
+
+def test_old_builds_keep_a_v_cache_for_mla() -> None:
+    from qmgui.core.footprint import EngineRules
+
+    m = make_meta(
+        n_head_kv=(1,) * N_LAYER,
+        head_dim_k=576,
+        head_dim_v=512,
+        mla=MlaDims(512, 1536, 64, 192, 128),
+    )
+    r = resolve(m, LaunchSettings(ctx_size=1024, parallel=1, flash_attn="on"))
+    assert kv_bytes_per_layer(m, r, EngineRules(build=7000))[0] == 1024 * (576 + 512) * 2
+    assert kv_bytes_per_layer(m, r, EngineRules(build=9000))[0] == 1024 * 576 * 2
+
+
+def test_projector_weights_go_to_the_first_gpu() -> None:
+    proj = make_meta(architecture="clip", model_class=ModelClass.PROJECTOR, weight_bytes=5000)
+    gpus = (Gpu("GPU0", 24 * GIB), Gpu("GPU1", 24 * GIB))
+    with_proj = estimate(make_meta(), LaunchSettings(ctx_size=256), gpus, mmproj=proj)
+    without = estimate(make_meta(), LaunchSettings(ctx_size=256), gpus)
+    assert with_proj.device("GPU0").weights == without.device("GPU0").weights + 5000
+    on_cpu = estimate(
+        make_meta(), LaunchSettings(ctx_size=256), gpus, mmproj=proj, mmproj_offload=False
+    )
+    assert on_cpu.host.weights == without.host.weights + 5000
+
+
+def test_cuda_pads_quantized_rows() -> None:
+    t = TensorEntry("blk.0.ffn_up.weight", "Q4_0", (100, 10), 10 * 4 * 18, 0)
+    m = make_meta(tensors=(make_meta().tensors[0], t), n_layer=1)
+    fp = estimate(m, LaunchSettings(ctx_size=256), (Gpu("GPU0", 24 * GIB),))
+    # one extra row's worth: (512 - 100) / 32 blocks of 18 bytes, then 128-byte alignment
+    assert fp.device("GPU0").weights == -(-(720 + 412 // 32 * 18) // 128) * 128
+    vk = estimate(m, LaunchSettings(ctx_size=256), (Gpu("GPU0", 24 * GIB, backend="vulkan"),))
+    assert vk.device("GPU0").weights == 720
