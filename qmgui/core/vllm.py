@@ -148,7 +148,9 @@ class VllmPins:
     kv_cache_dtype: str | None = None  # --kv-cache-dtype
     tool_call_parser: str | None = None  # "none" turns tool calling off
     tokenizer: str | None = None  # --tokenizer; never guessed (reference 001)
-    extra_args: tuple[str, ...] = ()  # appended as given; memory or parser flags here stand
+    # appended as given; memory or parser flags here replace ours, pinned or derived (reference
+    # 001: hand-written flags predate the derived ones, and a second copy reads as a bug)
+    extra_args: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -295,6 +297,7 @@ def _kv_model(meta: ModelMeta, *, tp: int, elem_bytes: int, kv_cache_dtype: str)
         if il < len(meta.recurrent_layers) and meta.recurrent_layers[il]:
             # a recurrent layer keeps a fixed state per sequence, whatever the context
             recurrent += 1
+            # (not divided over tensor-parallel ranks: a conservative simplification)
             state += (state_elems or 0) * STATE_BYTES_PER_ELEM
         heads = meta.n_head_kv[il] if il < len(meta.n_head_kv) else 0
         if heads <= 0 or il >= shared_from:
@@ -440,6 +443,14 @@ def _share(gpu_total: int | None, budget: int | None, pins: VllmPins) -> int | N
     return budget
 
 
+def _share_source(gpu_total: int | None, budget: int | None, pins: VllmPins) -> str:
+    if gpu_total is not None and pins.gpu_memory_utilization is not None:
+        return "pinned utilization × card"
+    if gpu_total is not None:
+        return "budget, capped at 0.95 × card" if budget is not None else "0.95 × card"
+    return "budget (no card reading)"
+
+
 def _floor_ctx(trained: int | None) -> int:
     """The shortest window worth serving: 4096, or the whole trained context if shorter."""
     return min(MIN_MAX_MODEL_LEN, trained) if trained else MIN_MAX_MODEL_LEN
@@ -448,8 +459,8 @@ def _floor_ctx(trained: int | None) -> int:
 def _fitted_ctx(raw: int | None, trained: int | None) -> int:
     """A memory-bounded context made a launch value: capped at the trained context (no
     rounding needed there), else rounded down to a multiple of 4096."""
-    if raw is None:
-        return min(trained, FALLBACK_MAX_MODEL_LEN) if trained else FALLBACK_MAX_MODEL_LEN
+    if raw is None:  # memory does not bound it: the trained context, else the default
+        return trained or FALLBACK_MAX_MODEL_LEN
     if trained and raw >= trained:
         return trained
     return raw // CTX_ROUND * CTX_ROUND
@@ -484,11 +495,12 @@ def _budget_ctx(meta: ModelMeta, kv: _KvModel, *, share: int, weights: int, pin_
         return _Ctx(
             floor,
             "below the floor",
-            f"the budget leaves {format_bytes(avail)} for KV, {raw} tokens; vLLM needs one "
-            f"{floor}-token sequence at least: raise the budget or use an fp8 KV cache",
+            f"the budget leaves {format_bytes(avail)} for the KV pool, room for {raw} tokens "
+            f"after its margin; vLLM needs one {floor}-token sequence at least: raise the "
+            "budget or use an fp8 KV cache",
         )
     if raw is None:
-        return _Ctx(ctx, "context costs no memory; trained context or the 32768 default")
+        return _Ctx(ctx, "longer context costs no memory; trained context (or the default)")
     if trained and ctx == trained:
         return _Ctx(ctx, "trained context")
     return _Ctx(ctx, f"sized to {format_bytes(allowance)} of KV left in the budget")
@@ -647,6 +659,7 @@ def _breakdown(
     pool_pinned: bool,
     footprint: int,
     share: int | None,
+    share_source: str,
     elem: int,
 ) -> VllmBreakdown:
     if pool_pinned:
@@ -671,7 +684,7 @@ def _breakdown(
             OVERHEAD_BYTES, "flat reserve: activations, CUDA graphs, profiling peak (reference)"
         ),
         footprint=SizeTerm(footprint, "weights + KV pool + reserve"),
-        budget=SizeTerm(share, "per-GPU share sized against") if share is not None else None,
+        budget=SizeTerm(share, share_source) if share is not None else None,
         kv_dtype_bytes=elem,
         attention_layers=kv.attention_layers,
         sliding_layers=kv.sliding_layers,
@@ -771,6 +784,7 @@ def plan_vllm(
         pool_pinned=pins.kv_cache_memory_bytes is not None,
         footprint=footprint,
         share=share,
+        share_source=_share_source(gpu_total_bytes, budget_bytes, pins),
         elem=elem,
     )
     return VllmPlan(
