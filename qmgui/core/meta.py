@@ -460,7 +460,8 @@ def meta_from_gguf(
     for t in all_tensors:
         dtypes[t.type_name] = dtypes.get(t.type_name, 0) + t.nbytes
     name = gguf_display_name(header, file_name)
-    # encoders (BERT) have no output head at all; "tied" means logits reuse token_embd
+    # "tied": a decoder without output.weight computes logits with token_embd (llama.cpp
+    # duplicates it as the output matrix); encoders (BERT family) have no output head at all
     model_class = _classify_gguf(header, arch, pooling, causal, name)
     if arch == "unknown":
         warnings.append("no general.architecture key; not a model llama.cpp can load")
@@ -496,7 +497,8 @@ def meta_from_gguf(
         shared_kv_layers=k.get_int("attention.shared_kv_layers", 0) or 0,
         pooling=pooling,
         causal=causal,
-        tied_embeddings=model_class in (ModelClass.LLM, ModelClass.TTS)
+        tied_embeddings=arch not in EMBEDDING_ARCHS
+        and model_class != ModelClass.PROJECTOR
         and "output.weight" not in names
         and "token_embd.weight" in names,
         tensors=tuple(
