@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ from qmgui.core.fit import Budget, FitResult, check, gpus_from_sizes
 from qmgui.core.footprint import Gpu
 from qmgui.core.launch import CACHE_TYPES, DEFAULT_BATCH, DEFAULT_UBATCH, LaunchSettings
 from qmgui.core.units import format_bytes, parse_size
+from qmgui.core.vllm import VllmPins, plan_vllm
 from qmgui.hw.nvml import read_gpus
 from qmgui.settings import load_settings
 from qmgui.stores import default_store_roots
@@ -117,6 +119,13 @@ def _add_plan_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         metavar="SIZE",
         help="headroom left free on every GPU (default 512MiB)",
     )
+    p.add_argument(
+        "--engine",
+        choices=("llama", "vllm"),
+        default=None,
+        help="plan for llama-server or vLLM (default: llama-server for GGUF, vLLM "
+        "for Hugging Face folders)",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as a JSON object")
 
 
@@ -131,6 +140,8 @@ def main(
     except SystemExit as e:  # argparse exits 2 on usage errors, 0 on --help/--version
         return int(e.code or 0)
     # every message for the user goes through the notifier; the CLI prints them on stderr
+    # (and keeps Python's last-resort logging handler from printing them a second time)
+    logging.getLogger("qmgui").addHandler(logging.NullHandler())
     unsubscribe = notify.notifier.subscribe(lambda m: print(f"qmgui: {m.text}", file=err))
     try:
         if args.command == "plan":
@@ -268,9 +279,13 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     if entry.meta is None or entry.error:
         notify.error(f"{args.model}: {entry.error or 'not a model'}", source="plan")
         return EXIT_USAGE if entry.meta is None else EXIT_OK
+    engine = args.engine or ("llama" if entry.format == "gguf" else "vllm")
+    if engine == "vllm":
+        return _cmd_plan_vllm(entry, gpus, args, out)
     if entry.format != "gguf":
         notify.error(
-            f"{args.model}: llama-server plans need a GGUF file; this is a {entry.format} model",
+            f"{args.model}: llama-server plans need a GGUF file; this is a "
+            f"{entry.format} model (plan it for vLLM: --engine vllm)",
             source="plan",
         )
         return EXIT_USAGE
@@ -350,3 +365,56 @@ def _print_plan(entry: ModelEntry, result: FitResult, out: TextIO) -> None:
     print("fits" if result.fits else f"does not fit: {result.reason}", file=out)
     for note in fp.notes:
         print(f"note: {note}", file=out)
+
+
+def _cmd_plan_vllm(
+    entry: ModelEntry, gpus: tuple[Gpu, ...], args: argparse.Namespace, out: TextIO
+) -> int:
+    assert entry.meta is not None
+    gpu = gpus[0] if gpus else None
+    try:
+        plan = plan_vllm(
+            entry.meta,
+            gpu_total_bytes=gpu.total_bytes if gpu else None,
+            budget_bytes=gpu.available if gpu else None,
+            tensor_parallel=max(len(gpus), 1),
+            pins=VllmPins(max_model_len=args.ctx),
+            is_split_gguf=len(entry.shards) > 1,
+        )
+    except SizingError as e:
+        notify.error(str(e), source="plan")
+        return EXIT_USAGE
+    if args.json:
+        json.dump(
+            {
+                "engine": "vllm",
+                "max_model_len": plan.max_model_len,
+                "gpu_memory_utilization": plan.gpu_memory_utilization,
+                "kv_cache_memory_bytes": plan.kv_cache_memory_bytes,
+                "charge_bytes": plan.charge_bytes,
+                "tensor_parallel": plan.tensor_parallel,
+                "args": list(plan.args),
+                "fits": plan.fits,
+                "reason": plan.reason,
+                "skipped": plan.skipped,
+                "notes": list(plan.notes),
+            },
+            out,
+            indent=2,
+        )
+        out.write("\n")
+        return EXIT_OK
+    print(f"{entry.name}  (vLLM, {entry.meta.architecture})", file=out)
+    if plan.skipped:
+        print(f"skipped: {plan.reason}", file=out)
+        return EXIT_OK
+    print(
+        f"max-model-len {plan.max_model_len}, gpu-memory-utilization "
+        f"{plan.gpu_memory_utilization}, charge {format_bytes(plan.charge_bytes)} per GPU",
+        file=out,
+    )
+    print("vllm serve " + entry.path + " " + " ".join(plan.args), file=out)
+    print("fits" if plan.fits else f"does not fit: {plan.reason}", file=out)
+    for note in plan.notes:
+        print(f"note: {note}", file=out)
+    return EXIT_OK

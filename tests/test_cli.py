@@ -152,3 +152,20 @@ def test_plan_table_and_errors(models: Path, tmp_path: Path) -> None:
     code, _, err = run("plan", str(tmp_path / "missing.gguf"))
     assert code == 2
     assert "vanished" in err or "not" in err
+
+
+def test_plan_hf_folder_for_vllm(tmp_path: Path) -> None:
+    from tests.synth.factory import write_hf_folder
+
+    folder = write_hf_folder(tmp_path / "TinyChat")
+    code, out, _ = run("plan", str(folder), "--gpu", "24GiB", "--json")
+    assert code == 0
+    plan = json.loads(out)
+    assert plan["engine"] == "vllm"
+    assert "--max-model-len" in plan["args"]
+    assert 0.10 <= plan["gpu_memory_utilization"] <= 0.95
+    assert plan["fits"] is True
+    code, _, err = run("plan", str(folder), "--engine", "llama")
+    assert code == 2
+    assert "--engine vllm" in err
+    assert err.count("GGUF") == 1  # printed once, not again by logging
