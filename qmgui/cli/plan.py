@@ -1,18 +1,13 @@
-"""The command line: the same core as the window, headless, with `--json` for scripts."""
+"""`qmgui plan`: what one launch allocates, per GPU and in host memory."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
-import os
-import sys
-from collections.abc import Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
-from qmgui import __version__, notify
-from qmgui.cache import SqliteHeaderCache
-from qmgui.core.discovery import ModelEntry, ScanResult, entry_for_path, scan
+from qmgui import notify
+from qmgui.core.discovery import ModelEntry, entry_for_path
 from qmgui.core.errors import SizingError
 from qmgui.core.fit import Budget, FitResult, check, gpus_from_sizes
 from qmgui.core.footprint import Gpu
@@ -20,35 +15,12 @@ from qmgui.core.launch import CACHE_TYPES, DEFAULT_BATCH, DEFAULT_UBATCH, Launch
 from qmgui.core.units import format_bytes, parse_size
 from qmgui.core.vllm import VllmPins, plan_vllm
 from qmgui.hw.nvml import read_gpus
-from qmgui.settings import load_settings
-from qmgui.stores import default_store_roots
 
 EXIT_OK = 0
 EXIT_USAGE = 2
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="qmgui",
-        description="Find local AI models and size their launches per GPU.",
-    )
-    p.add_argument("--version", action="version", version=f"qmgui {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    s = sub.add_parser(
-        "scan",
-        help="find models under folders and read their headers",
-        description="Find every model under PATH... (default: the configured "
-        "model roots and the LM Studio, Ollama and Hugging Face "
-        "stores that exist) and print what each one is.",
-    )
-    s.add_argument("paths", nargs="*", metavar="PATH", help="a folder or a .gguf file")
-    s.add_argument("--json", action="store_true", help="print a JSON list, one object a model")
-    s.add_argument("--no-cache", action="store_true", help="read every header from disk")
-    _add_plan_parser(sub)
-    return p
-
-
-def _add_plan_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: Any) -> None:
     p = sub.add_parser(
         "plan",
         help="predict what one llama-server launch allocates, per GPU and in host memory",
@@ -127,112 +99,7 @@ def _add_plan_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "for Hugging Face folders)",
     )
     p.add_argument("--json", action="store_true", help="print the plan as a JSON object")
-
-
-def main(
-    argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None
-) -> int:
-    out = out or sys.stdout
-    err = err or sys.stderr
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # argparse exits 2 on usage errors, 0 on --help/--version
-        return int(e.code or 0)
-    # every message for the user goes through the notifier; the CLI prints them on stderr
-    # (and keeps Python's last-resort logging handler from printing them a second time)
-    logging.getLogger("qmgui").addHandler(logging.NullHandler())
-    unsubscribe = notify.notifier.subscribe(lambda m: print(f"qmgui: {m.text}", file=err))
-    try:
-        if args.command == "plan":
-            return cmd_plan(args, out)
-        if args.command is None:
-            # no window yet: show what qmgui finds on this machine, and how to ask for more
-            print(
-                "qmgui: scanning the configured roots and the LM Studio, Ollama and "
-                "Hugging Face stores; `qmgui --help` for more",
-                file=err,
-            )
-            args = parser.parse_args(["scan"])
-        return cmd_scan(args, out)
-    finally:
-        unsubscribe()
-
-
-def _scan_roots(paths: Sequence[str]) -> list[str]:
-    if paths:
-        return list(paths)
-    loaded = load_settings()
-    for message in loaded.messages:
-        notify.warning(message, source="settings")
-    roots = list(loaded.settings.model_roots)
-    roots += [str(p) for p in default_store_roots() if str(p) not in roots]
-    return roots
-
-
-def cmd_scan(args: argparse.Namespace, out: TextIO) -> int:
-    roots = _scan_roots(args.paths)
-    if not roots:
-        notify.info(
-            "no model folders configured and no LM Studio, Ollama or Hugging Face store "
-            "found; pass a folder: qmgui scan ~/models",
-            source="scan",
-        )
-        return EXIT_OK
-    if args.no_cache:
-        result = scan(roots)
-    else:
-        with SqliteHeaderCache() as cache:
-            result = scan(roots, cache=cache)
-            if cache.disabled_reason:
-                notify.warning(f"header cache off: {cache.disabled_reason}", source="cache")
-    for problem in result.problems:
-        notify.warning(f"{problem.path}: {problem.reason}", source="scan")
-    if args.json:
-        json.dump([m.to_json() for m in result.models], out, indent=2)
-        out.write("\n")
-    else:
-        _print_table(result, out)
-    return EXIT_OK
-
-
-def _print_table(result: ScanResult, out: TextIO) -> None:
-    if not result.models:
-        print("No models found.", file=out)
-        return
-    header = ("NAME", "CLASS", "ARCH", "QUANT", "SIZE", "CONTEXT", "SOURCE")
-    rows = [_row(m) for m in result.models]
-    widths = [min(max(len(r[i]) for r in [header, *rows]), 48) for i in range(len(header))]
-    for r in [header, *rows]:
-        print("  ".join(c[:48].ljust(w) for c, w in zip(r, widths, strict=True)).rstrip(), file=out)
-    for m in result.models:
-        if m.error:
-            print(f"! {m.name}: {m.error} [{m.path}]", file=out)
-    n_err = sum(1 for m in result.models if m.error)
-    summary = f"{len(result.models)} models"
-    if n_err:
-        summary += f", {n_err} with errors"
-    print(summary, file=out)
-
-
-def _row(m: ModelEntry) -> tuple[str, ...]:
-    meta = m.meta
-    name = m.name + (" [+mmproj]" if m.mmproj else "")
-    if len(m.shards) > 1:
-        name += f" [{len(m.shards)} shards]"
-    return (
-        ("! " if m.error else "") + name,
-        meta.model_class.value if meta else "-",
-        meta.architecture if meta else "-",
-        (meta.quant or "-") if meta else "-",
-        format_bytes(m.size_bytes),
-        str(meta.context_length) if meta and meta.context_length else "-",
-        m.source,
-    )
-
-
-if __name__ == "__main__":  # pragma: no cover
-    os._exit(main())
+    p.set_defaults(func=cmd_plan)
 
 
 def _gpus(args: argparse.Namespace) -> tuple[Gpu, ...]:

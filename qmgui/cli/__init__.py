@@ -1,0 +1,61 @@
+"""The command line: the same core as the window, headless, with `--json` for scripts.
+
+Each command lives in its own module with `register(subparsers)` adding its parser and setting
+`func` to the function that runs it: `func(args, out) -> exit status`. User messages go through
+the notifier and are printed on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from typing import TextIO
+
+from qmgui import __version__, notify
+from qmgui.cli import plan, scan
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+COMMANDS = (scan, plan)  # each module: register(subparsers)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="qmgui",
+        description="Find local AI models and size their launches per GPU.",
+    )
+    p.add_argument("--version", action="version", version=f"qmgui {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for module in COMMANDS:
+        module.register(sub)
+    return p
+
+
+def main(
+    argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse exits 2 on usage errors, 0 on --help/--version
+        return int(e.code or 0)
+    # every message for the user goes through the notifier; the CLI prints them on stderr
+    # (and keeps Python's last-resort logging handler from printing them a second time)
+    logging.getLogger("qmgui").addHandler(logging.NullHandler())
+    unsubscribe = notify.notifier.subscribe(lambda m: print(f"qmgui: {m.text}", file=err))
+    try:
+        if args.command is None:
+            # no window yet: show what qmgui finds on this machine, and how to ask for more
+            print(
+                "qmgui: scanning the configured roots and the LM Studio, Ollama and "
+                "Hugging Face stores; `qmgui --help` for more",
+                file=err,
+            )
+            args = parser.parse_args(["scan"])
+        return int(args.func(args, out))
+    finally:
+        unsubscribe()
