@@ -8,17 +8,29 @@ the notifier and are printed on stderr.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
+import pkgutil
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 from typing import TextIO
 
 from qmgui import __version__, notify
-from qmgui.cli import plan, scan
 
 EXIT_OK = 0
 EXIT_USAGE = 2
-COMMANDS = (scan, plan)  # each module: register(subparsers)
+# the order commands are listed in `qmgui --help`; modules not named here follow, sorted
+ORDER = ("scan", "plan", "preview", "serve", "export", "backends", "doctor")
+
+
+def _command_modules() -> list[ModuleType]:
+    """Every module of this package with a `register(subparsers)`: adding a command is adding
+    a module."""
+    names = [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")]
+    names.sort(key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
+    modules = [importlib.import_module(f"{__name__}.{n}") for n in names]
+    return [m for m in modules if hasattr(m, "register")]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"qmgui {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for module in COMMANDS:
+    for module in _command_modules():
         module.register(sub)
     return p
 
