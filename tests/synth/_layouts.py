@@ -120,6 +120,28 @@ class _Plan:
         self.add(T.FFN_UP_SHEXP, (e, n_ff_sh), i)
         self.add(T.FFN_DOWN_SHEXP, (n_ff_sh, e), i)
 
+    def mamba2(self, i: int) -> None:
+        """A mamba2 mixer (src/models/mamba2.cpp; shared by granite-hybrid and nemotron-h)."""
+        s, e = self.spec, self.spec.n_embd
+        d_inner, d_state, n_group, n_ssm_head = (
+            s.ssm_d_inner,
+            s.ssm_d_state,
+            s.ssm_n_group,
+            s.ssm_dt_rank,
+        )
+        if d_inner % n_ssm_head or d_inner % n_group:
+            raise ValueError("mamba2: ssm_d_inner must divide by ssm_dt_rank and ssm_n_group")
+        d_in_proj = 2 * d_inner + 2 * n_group * d_state + n_ssm_head
+        d_conv_ch = d_inner + 2 * n_group * d_state
+        self.add(T.SSM_IN, (e, d_in_proj), i)
+        self.add(T.SSM_CONV1D, (s.ssm_d_conv, d_conv_ch), i, kind="f32")
+        self.add(T.SSM_CONV1D, (d_conv_ch,), i, suffix="bias", kind="bias")
+        self.add(T.SSM_DT, (n_ssm_head,), i, suffix="bias", kind="bias")
+        self.add(T.SSM_A, (1, n_ssm_head), i, suffix=None, kind="neg")
+        self.add(T.SSM_D, (1, n_ssm_head), i, suffix=None, kind="norm")
+        self.add(T.SSM_NORM, (d_inner // n_group, n_group), i, kind="norm")
+        self.add(T.SSM_OUT, (d_inner, e), i)
+
 
 # --- architectures ----------------------------------------------------------------------------
 
@@ -229,28 +251,13 @@ def _qwen3next(p: _Plan) -> None:  # src/models/qwen3next.cpp (gated delta net +
 
 def _granitehybrid(p: _Plan) -> None:  # src/models/granite-hybrid.cpp (mamba2 + attention)
     s, e = p.spec, p.spec.n_embd
-    d_inner, d_state, n_group, n_ssm_head = (
-        s.ssm_d_inner,
-        s.ssm_d_state,
-        s.ssm_n_group,
-        s.ssm_dt_rank,
-    )
-    if d_inner != 2 * e:
+    if s.ssm_d_inner != 2 * e:
         raise ValueError("granitehybrid: llama.cpp only supports ssm_d_inner == 2 * n_embd")
-    d_in_proj = 2 * d_inner + 2 * n_group * d_state + n_ssm_head
-    d_conv_ch = d_inner + 2 * n_group * d_state
     p.io()
     for i in range(s.n_layer):
         p.add(T.ATTN_NORM, (e,), i, kind="norm")
         if s.is_recurrent(i):
-            p.add(T.SSM_IN, (e, d_in_proj), i)
-            p.add(T.SSM_CONV1D, (s.ssm_d_conv, d_conv_ch), i, kind="f32")
-            p.add(T.SSM_CONV1D, (d_conv_ch,), i, suffix="bias", kind="bias")
-            p.add(T.SSM_DT, (n_ssm_head,), i, suffix="bias", kind="bias")
-            p.add(T.SSM_A, (1, n_ssm_head), i, suffix=None, kind="neg")
-            p.add(T.SSM_D, (1, n_ssm_head), i, suffix=None, kind="norm")
-            p.add(T.SSM_NORM, (d_inner // n_group, n_group), i, kind="norm")
-            p.add(T.SSM_OUT, (d_inner, e), i)
+            p.mamba2(i)
         else:
             p.attn(i)
         p.add(T.FFN_NORM, (e,), i, kind="norm")
@@ -312,6 +319,91 @@ def _lfm2(p: _Plan) -> None:  # src/models/lfm2.cpp (short convolutions + attent
             p.attn(i)
 
 
+def _qwen3(p: _Plan) -> None:  # src/models/qwen3.cpp: q/k norms, head_dim * n_head may != n_embd
+    s = p.spec
+    p.io()
+    for i in range(s.n_layer):
+        p.add(T.ATTN_NORM, (s.n_embd,), i, kind="norm")
+        p.attn(i, qk_norm=True)
+        p.add(T.FFN_NORM, (s.n_embd,), i, kind="norm")
+        p.ffn(i, s.n_ff)
+
+
+def _gemma2(p: _Plan) -> None:  # src/models/gemma2.cpp: output is always token_embd
+    s = p.spec
+    p.add(T.TOKEN_EMBD, (s.n_embd, p.n_vocab), kind="embd")
+    p.add(T.OUTPUT_NORM, (s.n_embd,), kind="norm")
+    for i in range(s.n_layer):
+        p.add(T.ATTN_NORM, (s.n_embd,), i, kind="norm")
+        p.attn(i)
+        p.add(T.ATTN_POST_NORM, (s.n_embd,), i, kind="norm")
+        p.add(T.FFN_NORM, (s.n_embd,), i, kind="norm")
+        p.ffn(i, s.n_ff)
+        p.add(T.FFN_POST_NORM, (s.n_embd,), i, kind="norm")
+
+
+def _mamba2(p: _Plan) -> None:  # src/models/mamba2.cpp (every layer a mamba2 mixer)
+    s = p.spec
+    p.io()
+    for i in range(s.n_layer):
+        p.add(T.ATTN_NORM, (s.n_embd,), i, kind="norm")
+        p.mamba2(i)
+
+
+def _rwkv7(p: _Plan) -> None:  # src/models/rwkv7.cpp
+    s, e, n_ff = p.spec, p.spec.n_embd, p.spec.n_ff
+    decay, iclr, v_mix, gate = s.rwkv_lora_ranks
+    p.add(T.TOKEN_EMBD, (e, p.n_vocab), kind="embd")
+    p.add(T.TOKEN_EMBD_NORM, (e,), kind="norm")
+    p.add(T.TOKEN_EMBD_NORM, (e,), suffix="bias", kind="bias")
+    p.add(T.OUTPUT_NORM, (e,), kind="norm")
+    p.add(T.OUTPUT_NORM, (e,), suffix="bias", kind="bias")
+    p.add(T.OUTPUT, (e, p.n_vocab), kind="embd")
+    for i in range(s.n_layer):
+        p.add(T.ATTN_NORM, (e,), i, kind="norm")
+        p.add(T.ATTN_NORM, (e,), i, suffix="bias", kind="bias")
+        p.add(T.ATTN_NORM_2, (e,), i, kind="norm")
+        p.add(T.ATTN_NORM_2, (e,), i, suffix="bias", kind="bias")
+        p.add(T.TIME_MIX_W0, (e,), i, kind="f32")
+        p.add(T.TIME_MIX_W1, (e, decay), i)
+        p.add(T.TIME_MIX_W2, (decay, e), i)
+        p.add(T.TIME_MIX_A0, (e,), i, kind="f32")
+        p.add(T.TIME_MIX_A1, (e, iclr), i)
+        p.add(T.TIME_MIX_A2, (iclr, e), i)
+        v_rank = iclr if i == 0 else v_mix  # llama.cpp sizes layer 0's (unused) v1/v2 by iclr
+        p.add(T.TIME_MIX_V0, (e,), i, kind="f32")
+        p.add(T.TIME_MIX_V1, (e, v_rank), i)
+        p.add(T.TIME_MIX_V2, (v_rank, e), i)
+        p.add(T.TIME_MIX_G1, (e, gate), i)
+        p.add(T.TIME_MIX_G2, (gate, e), i)
+        p.add(T.TIME_MIX_LERP_FUSED, (e, 1, 1, 6), i, kind="f32")
+        p.add(T.TIME_MIX_K_K, (e,), i, kind="f32")
+        p.add(T.TIME_MIX_K_A, (e,), i, kind="f32")
+        p.add(T.TIME_MIX_R_K, (e,), i, kind="f32")
+        p.add(T.TIME_MIX_KEY, (e, e), i)
+        p.add(T.TIME_MIX_VALUE, (e, e), i)
+        p.add(T.TIME_MIX_RECEPTANCE, (e, e), i)
+        p.add(T.TIME_MIX_LN, (e,), i, kind="norm")
+        p.add(T.TIME_MIX_LN, (e,), i, suffix="bias", kind="bias")
+        p.add(T.TIME_MIX_OUTPUT, (e, e), i)
+        p.add(T.CHANNEL_MIX_LERP_K, (e, 1, 1), i, kind="f32")
+        p.add(T.CHANNEL_MIX_KEY, (e, n_ff), i)
+        p.add(T.CHANNEL_MIX_VALUE, (n_ff, e), i)
+
+
+def _nemotron_h(p: _Plan) -> None:  # src/models/nemotron-h.cpp (mamba2 / attention / MLP layers)
+    s, e = p.spec, p.spec.n_embd
+    p.io()
+    for i in range(s.n_layer):
+        p.add(T.ATTN_NORM, (e,), i, kind="norm")
+        if s.is_recurrent(i):
+            p.mamba2(i)
+        elif s.ff(i) == 0:
+            p.attn(i)
+        else:  # squared-ReLU MLP: up / down only
+            p.ffn(i, s.ff(i), gate=False)
+
+
 LAYOUTS: dict[str, Callable[[_Plan], None]] = {
     "llama": _llama,
     "qwen2": _qwen2,
@@ -323,6 +415,11 @@ LAYOUTS: dict[str, Callable[[_Plan], None]] = {
     "bert": _bert,
     "gpt-oss": _gpt_oss,
     "lfm2": _lfm2,
+    "qwen3": _qwen3,
+    "gemma2": _gemma2,
+    "mamba2": _mamba2,
+    "rwkv7": _rwkv7,
+    "nemotron_h": _nemotron_h,
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import mmap
 import re
 import struct
 import time
@@ -16,12 +17,15 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 from tests.synth.factory import (
+    FULL_SIZE_PRESETS,
     PRESETS,
     SynthSpec,
+    data_bytes,
     plan_tensors,
     write_gguf,
     write_hf_folder,
     write_mmproj,
+    write_sparse_gguf,
     write_split,
 )
 
@@ -138,6 +142,70 @@ def _expected_spot_shapes(key: str, s: SynthSpec) -> dict[str, tuple[int, ...]]:
             "blk.0.shortconv.in_proj.weight": (e, 3 * e),
             "blk.2.attn_k.weight": (e, 16 * 2),
         }
+    return out | _expected_spot_shapes_new(key, s)
+
+
+def _expected_spot_shapes_new(key: str, s: SynthSpec) -> dict[str, tuple[int, ...]]:
+    e, v = s.n_embd, s.n_vocab
+    out: dict[str, tuple[int, ...]] = {}
+    if key in ("qwen3", "qwen3-embed"):
+        out |= {
+            "blk.0.attn_q.weight": (e, 32 * 4),  # head_dim 32 * 4 heads != n_embd
+            "blk.0.attn_k.weight": (e, 32 * 2),
+            "blk.0.attn_output.weight": (32 * 4, e),
+            "blk.0.attn_q_norm.weight": (32,),
+            "blk.1.attn_k_norm.weight": (32,),
+            "blk.1.ffn_gate.weight": (e, 192),
+            "blk.1.ffn_down.weight": (192, e),
+        }
+        if key == "qwen3":
+            out["output.weight"] = (e, v)
+    if key == "gemma2":
+        out |= {
+            "blk.0.attn_q.weight": (e, 32 * 4),
+            "blk.3.attn_v.weight": (e, 32 * 2),
+            "blk.0.post_attention_norm.weight": (e,),
+            "blk.3.post_ffw_norm.weight": (e,),
+        }
+    if key in ("mamba2", "nemotron_h"):
+        d_inner, ds, ng, nh = 128, 16, (1 if key == "mamba2" else 2), 8
+        out |= {
+            "blk.0.ssm_in.weight": (e, 2 * d_inner + 2 * ng * ds + nh),
+            "blk.0.ssm_conv1d.weight": (4, d_inner + 2 * ng * ds),
+            "blk.0.ssm_conv1d.bias": (d_inner + 2 * ng * ds,),
+            "blk.0.ssm_dt.bias": (nh,),
+            "blk.0.ssm_a": (1, nh),
+            "blk.0.ssm_d": (1, nh),
+            "blk.0.ssm_norm.weight": (d_inner // ng, ng),
+            "blk.0.ssm_out.weight": (d_inner, e),
+        }
+    if key == "nemotron_h":  # pattern M - * -
+        out |= {
+            "blk.1.ffn_up.weight": (e, 128),
+            "blk.1.ffn_down.weight": (128, e),
+            "blk.2.attn_q.weight": (e, 16 * 4),
+            "blk.2.attn_k.weight": (e, 16 * 2),
+            "blk.3.ffn_up.weight": (e, 128),
+        }
+    if key == "rwkv7":
+        out |= {
+            "token_embd_norm.bias": (e,),
+            "output_norm.bias": (e,),
+            "output.weight": (e, v),
+            "blk.0.time_mix_w1.weight": (e, 32),
+            "blk.0.time_mix_w2.weight": (32, e),
+            "blk.0.time_mix_a1.weight": (e, 32),
+            "blk.0.time_mix_v1.weight": (e, 32),  # layer 0: sized by the iclr rank
+            "blk.1.time_mix_v1.weight": (e, 16),
+            "blk.1.time_mix_v2.weight": (16, e),
+            "blk.1.time_mix_g1.weight": (e, 32),
+            "blk.1.time_mix_lerp_fused.weight": (e, 1, 1, 6),
+            "blk.1.time_mix_key.weight": (e, e),
+            "blk.1.time_mix_ln.bias": (e,),
+            "blk.1.channel_mix_lerp_k.weight": (e, 1, 1),
+            "blk.1.channel_mix_key.weight": (e, 256),
+            "blk.1.channel_mix_value.weight": (256, e),
+        }
     return out
 
 
@@ -174,7 +242,43 @@ _REQUIRED_KEYS: dict[str, list[str]] = {
     "bert": ["attention.layer_norm_epsilon", "pooling_type", "attention.causal"],
     "gpt-oss": ["expert_feed_forward_length", "attention.sliding_window"],
     "lfm2": ["shortconv.l_cache"],
+    "qwen3": ["attention.key_length", "attention.value_length"],
+    "qwen3-embed": ["attention.key_length", "pooling_type"],
+    "gemma2": [
+        "attention.sliding_window",
+        "attention.key_length",
+        "attn_logit_softcapping",
+        "final_logit_softcapping",
+    ],
+    "mamba2": [
+        "ssm.conv_kernel",
+        "ssm.inner_size",
+        "ssm.state_size",
+        "ssm.time_step_rank",
+        "ssm.group_count",
+        "attention.layer_norm_rms_epsilon",
+    ],
+    "rwkv7": [
+        "wkv.head_size",
+        "attention.decay_lora_rank",
+        "attention.iclr_lora_rank",
+        "attention.value_residual_mix_lora_rank",
+        "attention.gate_lora_rank",
+        "attention.layer_norm_epsilon",
+        "feed_forward_length",
+    ],
+    "nemotron_h": [
+        "ssm.conv_kernel",
+        "ssm.inner_size",
+        "ssm.state_size",
+        "ssm.time_step_rank",
+        "ssm.group_count",
+        "attention.layer_norm_epsilon",
+        "attention.layer_norm_rms_epsilon",
+        "attention.key_length",
+    ],
 }
+_NEW_PRESETS = ("qwen3", "qwen3-embed", "gemma2", "mamba2", "rwkv7", "nemotron_h")
 _COMMON_KEYS = ["context_length", "embedding_length", "block_count", "attention.head_count"]
 
 
@@ -221,6 +325,36 @@ def test_preset_roundtrip(tmp_path: Path, key: str) -> None:
     assert ("output.weight" in shapes) == has_head
 
 
+def test_new_presets_are_small(tmp_path: Path) -> None:
+    for key in _NEW_PRESETS:
+        assert write_gguf(tmp_path / f"{key}.gguf", PRESETS[key]).stat().st_size < 1 * MB, key
+
+
+def test_new_preset_metadata(tmp_path: Path) -> None:
+    r = gguf.GGUFReader(write_gguf(tmp_path / "q.gguf", PRESETS["qwen3"]))
+    assert _field(r, "qwen3.attention.key_length") == 32
+    assert "qwen3.pooling_type" not in r.fields
+    r = gguf.GGUFReader(write_gguf(tmp_path / "e.gguf", PRESETS["qwen3-embed"]))
+    assert _field(r, "qwen3.pooling_type") == int(gguf.PoolingType.LAST)
+    assert "qwen3.attention.causal" not in r.fields  # last-token pooling over causal attention
+    r = gguf.GGUFReader(write_gguf(tmp_path / "g.gguf", PRESETS["gemma2"]))
+    assert _field(r, "gemma2.attention.sliding_window") == 128
+    assert "gemma2.attention.sliding_window_pattern" not in r.fields  # arch default (2)
+    assert _field(r, "gemma2.attn_logit_softcapping") == pytest.approx(50.0)
+    assert _field(r, "gemma2.final_logit_softcapping") == pytest.approx(30.0)
+    for key in ("mamba2", "rwkv7"):  # pure recurrent: no attention heads, like converted files
+        r = gguf.GGUFReader(write_gguf(tmp_path / f"{key}.gguf", PRESETS[key]))
+        assert _field(r, f"{key}.attention.head_count") == 0
+        assert f"{key}.attention.head_count_kv" not in r.fields
+        assert f"{key}.rope.freq_base" not in r.fields
+    assert _field(r, "rwkv7.wkv.head_size") == 32
+    assert "rwkv7.attention.layer_norm_rms_epsilon" not in r.fields
+    r = gguf.GGUFReader(write_gguf(tmp_path / "n.gguf", PRESETS["nemotron_h"]))
+    assert _field(r, "nemotron_h.attention.head_count_kv") == [0, 0, 2, 0]
+    assert _field(r, "nemotron_h.feed_forward_length") == [0, 128, 0, 128]
+    assert _field(r, "nemotron_h.attention.head_count") == 4
+
+
 def test_layer_patterns() -> None:
     qn = PRESETS["qwen3next"]
     assert [qn.is_recurrent(i) for i in range(qn.n_layer)] == [True, True, True, False]
@@ -230,6 +364,22 @@ def test_layer_patterns() -> None:
     names = {p.name for p in plan_tensors(ds, ds.n_vocab)}
     assert "blk.0.ffn_gate.weight" in names and "blk.0.ffn_gate_inp.weight" not in names
     assert "blk.1.ffn_gate_inp.weight" in names and "blk.1.ffn_gate.weight" not in names
+    nh = PRESETS["nemotron_h"]
+    assert [nh.is_recurrent(i) for i in range(nh.n_layer)] == [True, False, False, False]
+    names = {p.name for p in plan_tensors(nh, nh.n_vocab)}
+    per_layer = [{n.split(".")[2] for n in names if n.startswith(f"blk.{i}.")} for i in range(4)]
+    assert per_layer[0] == {"attn_norm", "ssm_in", "ssm_conv1d", "ssm_dt", "ssm_a", "ssm_d"} | {
+        "ssm_norm",
+        "ssm_out",
+    }
+    assert per_layer[1] == per_layer[3] == {"attn_norm", "ffn_up", "ffn_down"}  # no gate
+    assert per_layer[2] == {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output"}
+    for key in ("mamba2", "rwkv7"):
+        spec = PRESETS[key]
+        assert all(spec.is_recurrent(i) for i in range(spec.n_layer))
+    g2 = PRESETS["gemma2"]
+    names = {p.name for p in plan_tensors(g2, g2.n_vocab)}
+    assert "output.weight" not in names  # gemma2 always reuses token_embd
 
 
 def test_swa_and_embedding_metadata(tmp_path: Path) -> None:
@@ -293,10 +443,16 @@ def test_vocab_override_and_tokenizer_kinds(tmp_path: Path) -> None:
     assert tokens[100:104] == ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
-def _scan_kv(path: Path) -> dict[str, Any]:
-    """Minimal GGUF KV scanner (GGUFReader takes seconds on 450k array entries)."""
-    buf = path.read_bytes()
-    magic, _version, _n_tensors, n_kv = struct.unpack_from("<IIQQ", buf, 0)
+_TensorRow = tuple[str, tuple[int, ...], int, int]  # name, ne (ggml order), type, offset
+
+
+def _scan_gguf(buf: Any) -> tuple[dict[str, Any], list[_TensorRow], int]:
+    """Minimal GGUF scanner (GGUFReader takes seconds on 450k array entries).
+
+    Returns the KV pairs (numeric arrays as their length), the tensor table
+    and the offset of the data region. ``buf`` may be an mmap: only the header is touched.
+    """
+    magic, _version, n_tensors, n_kv = struct.unpack_from("<IIQQ", buf, 0)
     assert magic == gguf.GGUF_MAGIC
     off = 24
     sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
@@ -305,6 +461,8 @@ def _scan_kv(path: Path) -> dict[str, Any]:
         (n,) = struct.unpack_from("<Q", buf, o)
         return buf[o + 8 : o + 8 + n], o + 8 + n
 
+    scalar = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q"}
+    scalar[12] = "d"
     out: dict[str, Any] = {}
     for _ in range(n_kv):
         key, off = read_str(off)
@@ -326,9 +484,22 @@ def _scan_kv(path: Path) -> dict[str, Any]:
                 out[key.decode()] = count
                 off += sizes[etype] * count
         else:
-            out[key.decode()] = None
+            (out[key.decode()],) = struct.unpack_from("<" + scalar[vtype], buf, off)
             off += sizes[vtype]
-    return out
+    tensors: list[_TensorRow] = []
+    for _ in range(n_tensors):
+        name, off = read_str(off)
+        (n_dims,) = struct.unpack_from("<I", buf, off)
+        ne = struct.unpack_from(f"<{n_dims}Q", buf, off + 4)
+        ttype, offset = struct.unpack_from("<IQ", buf, off + 4 + 8 * n_dims)
+        off += 4 + 8 * n_dims + 12
+        tensors.append((name.decode(), tuple(ne), ttype, offset))
+    align = gguf.GGUF_DEFAULT_ALIGNMENT
+    return out, tensors, -(-off // align) * align
+
+
+def _scan_kv(path: Path) -> dict[str, Any]:
+    return _scan_gguf(path.read_bytes())[0]
 
 
 def test_realistic_tokenizer(tmp_path: Path) -> None:
@@ -499,3 +670,102 @@ def test_hf_folder_nested(tmp_path: Path, arch: str, nested: bool) -> None:
     else:
         assert "vision_config" not in cfg
         assert "language_model.model.layers.0.self_attn.q_proj.bias" in names
+
+
+# --- sparse files: real dimensions, megabytes on disk ------------------------------------------
+
+
+def _nbytes(ne: tuple[int, ...], ttype: int) -> int:
+    block, type_size = gguf.GGML_QUANT_SIZES[Q(ttype)]
+    return int(np.prod(ne)) // block * type_size
+
+
+@pytest.mark.parametrize("key", sorted(PRESETS))
+def test_sparse_matches_dense(tmp_path: Path, key: str) -> None:
+    spec = PRESETS[key]
+    dense = write_gguf(tmp_path / "d.gguf", spec).read_bytes()
+    sparse = write_gguf(tmp_path / "s.gguf", spec, sparse=True).read_bytes()
+    assert len(sparse) == len(dense)
+    _, tensors, start = _scan_gguf(sparse)
+    assert sparse[:start] == dense[:start]  # same metadata and tensor table
+    kinds = {t.name: t.kind for t in plan_tensors(spec, spec.n_vocab)}
+    for name, ne, ttype, offset in tensors:
+        lo, hi = start + offset, start + offset + _nbytes(ne, ttype)
+        if kinds[name] in ("norm", "neg"):  # constants that matter are real
+            assert sparse[lo:hi] == dense[lo:hi], name
+        else:
+            assert not any(sparse[lo:hi]), name
+
+
+def test_full_size_parameter_counts() -> None:
+    # the model cards' totals: Llama-3-8B 8.03B, Qwen3-30B-A3B 30.5B, Qwen3-4B 4.0B
+    def n_params(key: str) -> int:
+        spec = FULL_SIZE_PRESETS[key]
+        return sum(int(np.prod(t.ne)) for t in plan_tensors(spec, spec.n_vocab))
+
+    assert n_params("llama3-8b") == 8_030_261_248
+    assert n_params("qwen3-30b-a3b") == 30_532_122_624
+    assert n_params("qwen3-4b") == 4_022_468_096
+    assert 11.7e9 < n_params("gemma3-12b") < 11.8e9  # text model only
+
+
+@pytest.mark.parametrize("key", sorted(FULL_SIZE_PRESETS))
+def test_full_size_sparse(tmp_path: Path, key: str) -> None:
+    spec = FULL_SIZE_PRESETS[key]
+    path = write_sparse_gguf(tmp_path / f"{key}.gguf", spec)
+    st = path.stat()
+    assert st.st_size > 2 * 1024**3
+    # a hole: the header (mostly the vocabulary) and the norm weights are all that is stored
+    assert st.st_blocks * 512 < 16 * MB, "file system without sparse files?"
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        if hasattr(buf, "madvise"):  # no read-ahead: fault in only the pages looked at
+            buf.madvise(mmap.MADV_RANDOM)
+        kv, tensors, start = _scan_gguf(buf)
+        assert kv["general.architecture"] == spec.arch
+        assert kv[f"{spec.arch}.block_count"] == spec.n_layer
+        assert kv[f"{spec.arch}.embedding_length"] == spec.n_embd
+        assert kv["general.file_type"] == int(gguf.LlamaFileType.MOSTLY_Q4_0)
+        assert len(kv["tokenizer.ggml.tokens"]) == spec.n_vocab
+        valid = _valid_names(_arch_enum(spec.arch), spec.n_layer)
+        plans = {p.name: p for p in plan_tensors(spec, spec.n_vocab)}
+        assert [t[0] for t in tensors] == list(plans)
+        offset = 0
+        for name, ne, ttype, toff in tensors:
+            assert _base_name(name) in valid, name
+            assert ne == plans[name].ne, name
+            assert toff == offset, name  # contiguous, aligned like GGUFWriter
+            if plans[name].kind == "norm":
+                assert ttype == Q.F32, name
+                assert struct.unpack_from("<f", buf, start + toff)[0] == 1.0, name
+            elif plans[name].kind == "w" or plans[name].kind == "embd":
+                assert ttype == Q.Q4_0, name
+                assert buf[start + toff : start + toff + 64] == bytes(64), name
+            offset += -(-_nbytes(ne, ttype) // 32) * 32
+        assert start + offset == st.st_size
+        assert offset == data_bytes(spec)
+
+
+def test_full_size_needs_sparse(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="sparse"):
+        write_gguf(tmp_path / "big.gguf", FULL_SIZE_PRESETS["llama3-8b"])
+    assert not (tmp_path / "big.gguf").exists()
+    with pytest.raises(ValueError, match="sparse"):
+        write_split(tmp_path, FULL_SIZE_PRESETS["llama3-8b"], n_shards=2)
+
+
+def test_sparse_split(tmp_path: Path) -> None:
+    spec = FULL_SIZE_PRESETS["qwen3-4b"]
+    paths = write_split(tmp_path, spec, n_shards=3, sparse=True)
+    assert len(paths) == 3
+    total, names = 0, []
+    for k, p in enumerate(paths):
+        with p.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            kv, tensors, start = _scan_gguf(buf)
+            assert ("general.architecture" in kv) == (k == 0)
+            data = p.stat().st_size - start
+            assert data == sum(-(-_nbytes(ne, tt) // 32) * 32 for _, ne, tt, _ in tensors)
+            total += data
+            names += [t[0] for t in tensors]
+        assert p.stat().st_blocks * 512 < 16 * MB
+    assert total == data_bytes(spec)
+    assert names == [t.name for t in plan_tensors(spec, spec.n_vocab)]
