@@ -28,11 +28,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from qmgui.core.backends import Backend, sort_classes
 from qmgui.core.errors import SettingsError
 
 __all__ = [
@@ -113,6 +114,70 @@ class BackendEntry(_Stored):
         if not value.strip():
             raise ValueError("a backend id must not be blank")
         return value
+
+    # Core fields this schema has no declared field for: kept as extra keys of the entry
+    # (``extra="allow"``), so adding them needs no schema bump and older builds keep them.
+    _EXTRA_CORE_FIELDS: ClassVar[tuple[str, ...]] = ("build", "family")
+
+    def to_core(self) -> Backend:
+        """This entry as the core's frozen `Backend` (capabilities deep-copied). ``build`` and
+        ``family`` come from the extra keys of those names; a value of the wrong type there
+        (a hand edit) reads as unset."""
+        build = getattr(self, "build", None)
+        family = getattr(self, "family", None)
+        return Backend(
+            id=self.id,
+            kind=self.kind,
+            executable=self.executable,
+            default_for=frozenset(self.default_for),
+            managed=self.managed,
+            version=self.version,
+            variant=self.variant,
+            build=build if isinstance(build, int) and not isinstance(build, bool) else None,
+            capabilities=copy.deepcopy(self.capabilities),
+            classes=frozenset(self.classes),
+            family=family if isinstance(family, str) and family.strip() else None,
+        )
+
+    @classmethod
+    def from_core(cls, backend: Backend, *, base: BackendEntry | None = None) -> BackendEntry:
+        """The stored form of `backend`. With `base` (the entry it was made from), the unknown
+        keys of `base` are kept and its class lists keep their order when their contents did
+        not change, so ``from_core(e.to_core(), base=e) == e``; without it the lists are in
+        the UI's class order. Capabilities become plain JSON (sets turn into sorted lists).
+        Raises pydantic's ValidationError (a ValueError) for values this schema refuses,
+        such as an unknown kind or class."""
+        extra = {
+            k: copy.deepcopy(v)
+            for k, v in ((base.model_extra or {}) if base is not None else {}).items()
+            if k not in cls._EXTRA_CORE_FIELDS
+        }
+        for name in cls._EXTRA_CORE_FIELDS:
+            value = getattr(backend, name)
+            if value is not None:
+                extra[name] = value
+
+        def ordered(new: frozenset[str], old: list[ModelClass] | None) -> list[str]:
+            if old is not None and frozenset(old) == new:
+                return list(old)
+            return sort_classes(new)
+
+        return cls.model_validate(
+            {
+                **extra,
+                "id": backend.id,
+                "kind": backend.kind,
+                "executable": backend.executable,
+                "default_for": ordered(
+                    backend.default_for, base.default_for if base is not None else None
+                ),
+                "managed": backend.managed,
+                "version": backend.version,
+                "variant": backend.variant,
+                "capabilities": backend.capabilities_json(),
+                "classes": ordered(backend.classes, base.classes if base is not None else None),
+            }
+        )
 
 
 class UiState(_Stored):

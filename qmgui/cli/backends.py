@@ -1,0 +1,344 @@
+"""`qmgui backends`: list, add, remove and ★ the engines in the backend registry.
+
+Every command loads the settings file, changes the registry through the pure core
+(`qmgui.core.backends`) and saves it atomically. A settings file that could not be loaded
+(and could not be moved aside) is never written over: the command says so and exits 1.
+Nothing here probes an executable; `add` only checks that it is there and runnable.
+
+Exit status: 0 done, 1 the settings could not be read or written, 2 a usage error (an unknown
+kind, class or id, a ★ for a class the kind does not serve, a duplicate id).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from qmgui import notify
+from qmgui.core.backends import (
+    CLASSES,
+    CUSTOM,
+    KINDS,
+    Backend,
+    classes_served,
+    default_for_class,
+    default_problem,
+    find_backend,
+    kind_classes,
+    registry_problems,
+    set_default,
+    sort_classes,
+)
+from qmgui.core.errors import SettingsError
+from qmgui.settings import BackendEntry, LoadResult, load_settings, save_settings
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+SOURCE = "backends"
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "backends",
+        help="list, add, remove and ★ the inference engines qmgui launches",
+        description="The backend registry: each entry is an engine executable of one kind; "
+        "the ★ default of a class serves that class's models unless a model is pinned to "
+        "another entry.",
+    )
+    p.set_defaults(func=lambda _args, out: _usage(p, out))
+    actions = p.add_subparsers(dest="action", metavar="ACTION")
+
+    ls = actions.add_parser("list", help="show the registered backends")
+    ls.add_argument("--json", action="store_true", help="print the registry as a JSON array")
+    ls.set_defaults(func=cmd_list)
+
+    add = actions.add_parser(
+        "add",
+        help="register an engine executable",
+        description="Register an engine executable. Its version and flags are not probed "
+        "here; the executable is only checked to exist and be runnable.",
+    )
+    add.add_argument("id", metavar="ID", help="a name for this entry, unique in the registry")
+    add.add_argument("--kind", required=True, help=f"one of {', '.join(KINDS)}")
+    add.add_argument("--exe", required=True, metavar="PATH", help="the engine's executable")
+    add.add_argument(
+        "--default",
+        dest="default_for",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="CLASS",
+        help="make it the ★ default for these classes (moving the ★ from another entry)",
+    )
+    add.add_argument(
+        "--class",
+        dest="classes",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="CLASS",
+        help=f"the classes a custom backend serves: {', '.join(CLASSES)}",
+    )
+    add.add_argument("--variant", default=None, help="cuda, rocm, vulkan, sycl, cpu…")
+    add.add_argument(
+        "--family",
+        default=None,
+        help="the model families it serves (comma-separated), where engines of one class "
+        "read different weights",
+    )
+    add.set_defaults(func=cmd_add)
+
+    rm = actions.add_parser("remove", help="remove an entry (pins naming it become stale)")
+    rm.add_argument("id", metavar="ID")
+    rm.set_defaults(func=cmd_remove)
+
+    star = actions.add_parser("default", help="make an entry the ★ default of a class")
+    star.add_argument("id", metavar="ID")
+    star.add_argument("model_class", metavar="CLASS", help=", ".join(CLASSES))
+    star.set_defaults(func=cmd_default)
+
+
+def _usage(parser: argparse.ArgumentParser, out: TextIO) -> int:
+    notify.error("say what to do with the backends: list, add, remove or default", source=SOURCE)
+    parser.print_usage(out)
+    return EXIT_USAGE
+
+
+# --- loading and saving ---------------------------------------------------------------------
+
+
+def _load() -> LoadResult:
+    loaded = load_settings()
+    for message in loaded.messages:
+        notify.warning(message, source="settings")
+    return loaded
+
+
+def _load_for_change() -> LoadResult | None:
+    """The settings to change, or None (after saying why) when saving them would overwrite a
+    file that could not be loaded."""
+    loaded = _load()
+    if loaded.read_only:
+        notify.error(
+            f"The backends were not changed: {loaded.path} could not be loaded or moved aside,"
+            " and saving would overwrite it; fix, move or delete that file first.",
+            source=SOURCE,
+        )
+        return None
+    return loaded
+
+
+def _registry(loaded: LoadResult) -> tuple[Backend, ...]:
+    return tuple(entry.to_core() for entry in loaded.settings.backends)
+
+
+def _save(loaded: LoadResult, backends: Sequence[Backend]) -> int:
+    """Store `backends` as the registry; entries that already existed keep their unknown keys."""
+    old = {entry.id: entry for entry in loaded.settings.backends}
+    try:
+        entries = [BackendEntry.from_core(b, base=old.get(b.id)) for b in backends]
+        settings = loaded.settings.model_copy(update={"backends": entries})
+        save_settings(dataclasses.replace(loaded, settings=settings))
+    except SettingsError as e:
+        notify.error(str(e), source=SOURCE)
+        return EXIT_FAILED
+    except ValueError as e:  # pydantic refused a value the checks above let through
+        notify.error(f"The backends were not changed: {e}", source=SOURCE)
+        return EXIT_USAGE
+    return EXIT_OK
+
+
+# --- list -----------------------------------------------------------------------------------
+
+
+def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
+    backends = _registry(_load())
+    for problem in registry_problems(backends):
+        notify.warning(problem, source=SOURCE)
+    if args.json:
+        json.dump([b.to_json() for b in backends], out, indent=2)
+        out.write("\n")
+        return EXIT_OK
+    if not backends:
+        print("No backends registered; add one with `qmgui backends add`.", file=out)
+        return EXIT_OK
+    _print_table(backends, out)
+    missing = [c for c in CLASSES if c not in classes_served(backends)]
+    if missing:
+        print(f"no backend serves: {', '.join(missing)}", file=out)
+    return EXIT_OK
+
+
+def _print_table(backends: Sequence[Backend], out: TextIO) -> None:
+    cols = ("ID", "KIND", "SERVES", "★ DEFAULT FOR", "VARIANT", "VERSION", "EXECUTABLE")
+    rows = [cols] + [
+        (
+            b.id,
+            b.kind,
+            ",".join(sort_classes(b.served_classes)) or "-",
+            ",".join(sort_classes(b.default_for)) or "-",
+            b.variant or "-",
+            b.version or "-",
+            b.executable,
+        )
+        for b in backends
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
+    for row in rows:
+        line = "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
+        print(line.rstrip(), file=out)
+
+
+# --- add ------------------------------------------------------------------------------------
+
+
+def _check_add_args(args: argparse.Namespace, backends: Sequence[Backend]) -> str | None:
+    """Why `add` cannot run as asked, or None."""
+    if not args.id.strip():
+        return "a backend id must not be blank"
+    if find_backend(backends, args.id) is not None:
+        return (
+            f"a backend with the id {args.id!r} already exists; remove it first or pick another id"
+        )
+    if args.kind not in KINDS:
+        return f"unknown kind {args.kind!r}; one of {', '.join(KINDS)}"
+    if not args.exe.strip():
+        return "the executable must not be blank"
+    unknown = [c for c in [*args.classes, *args.default_for] if c not in CLASSES]
+    if unknown:
+        return f"unknown model class {unknown[0]!r}; one of {', '.join(CLASSES)}"
+    if args.kind == CUSTOM and not args.classes:
+        return "a custom backend needs the classes it serves: --class CLASS ..."
+    if args.kind != CUSTOM and args.classes:
+        served = ", ".join(sort_classes(kind_classes(args.kind)))
+        return f"--class is for custom backends only; a {args.kind} backend serves {served}"
+    return None
+
+
+def _stored_executable(exe: str) -> str:
+    """A path is stored absolute (the engine is launched from another folder); a bare name
+    stays a name, looked up on PATH when the engine starts."""
+    path = os.path.expanduser(exe)
+    if os.sep in path or (os.altsep and os.altsep in path):
+        return os.path.abspath(path)
+    return exe
+
+
+def _executable_warning(exe: str) -> str | None:
+    """Why `exe` will probably not start, or None; only a warning, since the user may be
+    setting up a backend before installing it."""
+    if exe == os.path.basename(exe):
+        if shutil.which(exe) is None:
+            return f"{exe} was not found on PATH; the backend will not start until it is"
+        return None
+    if not os.path.exists(exe):
+        return f"{exe} does not exist; the backend will not start until it does"
+    if os.path.isdir(exe):
+        return f"{exe} is a folder, not an executable"
+    if not os.access(exe, os.X_OK):
+        return f"{exe} is not executable; the backend will not start until it is (chmod +x)"
+    return None
+
+
+def cmd_add(args: argparse.Namespace, out: TextIO) -> int:
+    loaded = _load_for_change()
+    if loaded is None:
+        return EXIT_FAILED
+    backends = _registry(loaded)
+    problem = _check_add_args(args, backends)
+    if problem is not None:
+        notify.error(problem, source=SOURCE)
+        return EXIT_USAGE
+    new = Backend(
+        id=args.id,
+        kind=args.kind,
+        executable=_stored_executable(args.exe),
+        variant=args.variant or None,
+        classes=frozenset(args.classes),
+        family=(args.family or "").strip() or None,
+    )
+    updated = (*backends, new)
+    for model_class in sort_classes(args.default_for):
+        problem = default_problem(updated, new.id, model_class)
+        if problem is not None:
+            notify.error(problem, source=SOURCE)
+            return EXIT_USAGE
+        before = default_for_class(updated, model_class)
+        updated = set_default(updated, new.id, model_class)
+        if before is not None:
+            notify.info(
+                f"★ for {model_class} moved from {before.id!r} to {new.id!r}", source=SOURCE
+            )
+    warning = _executable_warning(new.executable)
+    if warning is not None:
+        notify.warning(warning, source=SOURCE)
+    status = _save(loaded, updated)
+    if status == EXIT_OK:
+        serves = ", ".join(sort_classes(new.served_classes))
+        print(f"added {new.id} ({new.kind}: {serves}) -> {new.executable}", file=out)
+    return status
+
+
+# --- remove ---------------------------------------------------------------------------------
+
+
+def cmd_remove(args: argparse.Namespace, out: TextIO) -> int:
+    loaded = _load_for_change()
+    if loaded is None:
+        return EXIT_FAILED
+    backends = _registry(loaded)
+    gone = find_backend(backends, args.id)
+    if gone is None:
+        notify.error(f"no backend has the id {args.id!r}", source=SOURCE)
+        return EXIT_USAGE
+    kept = tuple(b for b in backends if b.id != args.id)
+    status = _save(loaded, kept)
+    if status != EXIT_OK:
+        return status
+    print(f"removed {gone.id} ({gone.kind})", file=out)
+    for model_class in sort_classes(gone.default_for):
+        heir = next((b for b in kept if b.serves(model_class)), None)
+        then = (
+            f"its models use the first {model_class} backend, {heir.id!r}"
+            if heir
+            else (f"no backend serves {model_class} now")
+        )
+        notify.info(f"{model_class} has no ★ default now; {then}", source=SOURCE)
+    pins = sum(1 for o in loaded.settings.model_overrides.values() if o.backend_id == args.id)
+    if pins:
+        notify.warning(
+            f"{pins} model pin(s) name {args.id!r}; those models use their class's ★ default"
+            f" or first backend until a backend with that id is added again or another is"
+            " picked",
+            source=SOURCE,
+        )
+    return EXIT_OK
+
+
+# --- default --------------------------------------------------------------------------------
+
+
+def cmd_default(args: argparse.Namespace, out: TextIO) -> int:
+    loaded = _load_for_change()
+    if loaded is None:
+        return EXIT_FAILED
+    backends = _registry(loaded)
+    problem = default_problem(backends, args.id, args.model_class)
+    if problem is not None:
+        notify.error(problem, source=SOURCE)
+        return EXIT_USAGE
+    before = default_for_class(backends, args.model_class)
+    if before is not None and before.id == args.id:
+        print(f"{args.id} is already the ★ default for {args.model_class}", file=out)
+        return EXIT_OK
+    status = _save(loaded, set_default(backends, args.id, args.model_class))
+    if status == EXIT_OK:
+        was = f" (was {before.id})" if before is not None else ""
+        print(f"★ {args.id} is now the default for {args.model_class}{was}", file=out)
+    return status
