@@ -137,12 +137,13 @@ def test_plan_that_does_not_fit(models: Path) -> None:
 
 
 def test_plan_table_and_errors(models: Path, tmp_path: Path) -> None:
-    code, out, _ = run(
-        "plan", str(models / "tiny-llama.gguf"), "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on"
-    )
+    code, out, _ = run("plan", str(models / "tiny-llama.gguf"), "-ctk", "q8_0", "-fa", "off")
     assert code == 0
-    assert "KV q8_0/q8_0" in out
+    assert "KV q8_0/f16" in out
     assert "DEVICE" in out
+    code, _, err = run("plan", str(models / "tiny-llama.gguf"), "-ctk", "q8_0")
+    assert code == 2
+    assert "do not divide" in err
     code, _, err = run("plan", str(models / "tiny-llama.gguf"), "--gpu", "lots")
     assert code == 2
     assert "not a size" in err

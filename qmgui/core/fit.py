@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from qmgui.core.errors import SizingError
 from qmgui.core.footprint import CPU, Footprint, Gpu, estimate
 from qmgui.core.launch import CTX_PAD, LaunchSettings
 from qmgui.core.meta import ModelMeta
@@ -157,8 +158,9 @@ def max_slots(
 class KvOption:
     cache_type_k: str
     cache_type_v: str
-    max_context: int | None  # None = does not fit at all
+    max_context: int | None  # None = does not fit at all, or the engine refuses the types
     kv_bytes_at_max: int
+    refused: str | None = None  # why the engine would not load these types for this model
 
 
 def kv_type_tradeoff(
@@ -173,7 +175,11 @@ def kv_type_tradeoff(
             cache_type_v=v,
             flash_attn="on" if v != "f16" else settings.flash_attn,
         )
-        r = max_context(meta, s, budget)
+        try:
+            r = max_context(meta, s, budget)
+        except SizingError as e:  # the engine would refuse these types for this model
+            out.append(KvOption(k, v, None, 0, refused=str(e)))
+            continue
         kv = sum(d.kv for d in r.footprint.devices)
         out.append(KvOption(k, v, r.footprint.settings.n_ctx if r.fits else None, kv))
     return tuple(out)

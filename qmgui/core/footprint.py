@@ -359,9 +359,9 @@ def estimate(
 
     `mmproj` is the projector's metadata: its weights go to the first GPU (llama-server's
     default `--mmproj-offload`) or to the CPU."""
-    r = resolve(meta, settings)
     if embeddings is None:
         embeddings = meta.pooling != Pooling.NONE or not meta.causal
+    r = resolve(meta, settings, embeddings=embeddings)
     n_gpu_layers = (
         meta.n_layer + 1
         if settings.n_gpu_layers is None or settings.n_gpu_layers < 0

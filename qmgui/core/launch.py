@@ -82,34 +82,63 @@ class Resolved:
     swa_full: bool
 
 
-def resolve(meta: ModelMeta, s: LaunchSettings, *, flash_attn_auto: bool = True) -> Resolved:
-    """Resolve user settings the way llama-server does; SizingError for invalid combinations.
-
-    `flash_attn_auto` is what "auto" becomes on the target backend.
-    """
+def _check_cache_types(meta: ModelMeta, s: LaunchSettings, fa: bool) -> None:
+    """The cache-type combinations llama.cpp refuses at load (measured on the test engine)."""
     for t in (s.cache_type_k, s.cache_type_v):
         if t not in CACHE_TYPE_BLOCK:
             raise SizingError(f"unknown KV cache type {t!r}; use one of {', '.join(CACHE_TYPES)}")
-    if s.flash_attn not in ("on", "off", "auto"):
-        raise SizingError(f"flash attention must be on, off or auto, not {s.flash_attn!r}")
-    fa = s.flash_attn == "on" or (s.flash_attn == "auto" and flash_attn_auto)
     if s.cache_type_v not in ("f32", "f16", "bf16") and not fa:
         raise SizingError(
             "a quantized V cache needs flash attention: set --flash-attn on or use an f16 V cache"
         )
+    if meta.mla is not None and s.cache_type_k != s.cache_type_v:
+        raise SizingError("MLA models (DeepSeek, Kimi) need the same K and V cache types")
+    if fa:
+        # flash attention reads whole quantisation blocks of each head
+        for kind, t, dim in (
+            ("K", s.cache_type_k, meta.head_dim_k),
+            ("V", s.cache_type_v, meta.head_dim_v),
+        ):
+            block = CACHE_TYPE_BLOCK[t][1]
+            if dim and dim % block:
+                raise SizingError(
+                    f"{t} {kind} cache blocks of {block} do not divide this "
+                    f"model's {kind} head size {dim} with flash attention; use "
+                    f"f16 or --flash-attn off"
+                )
+
+
+def resolve(
+    meta: ModelMeta, s: LaunchSettings, *, flash_attn_auto: bool = True, embeddings: bool = False
+) -> Resolved:
+    """Resolve user settings the way llama-server does; SizingError for what it refuses.
+
+    `flash_attn_auto` is what "auto" becomes on the target backend (enabled on the CPU and
+    recent GPUs); `embeddings` is the server's --embedding mode (pooled models).
+    """
+    if s.flash_attn not in ("on", "off", "auto"):
+        raise SizingError(f"flash attention must be on, off or auto, not {s.flash_attn!r}")
+    fa = s.flash_attn == "on" or (s.flash_attn == "auto" and flash_attn_auto)
+    # a quantized V with "auto" turns flash attention on rather than failing
+    if s.flash_attn == "auto" and s.cache_type_v not in ("f32", "f16", "bf16"):
+        fa = True
+    _check_cache_types(meta, s, fa)
     if s.parallel is None or s.parallel < 0:
-        n_seq = AUTO_PARALLEL
-        unified = True if s.kv_unified is None else s.kv_unified
+        # slots "auto": 4 slots sharing one unified cache, whatever -kvu/-no-kvu says
+        n_seq, unified = AUTO_PARALLEL, True
     else:
-        n_seq = max(1, s.parallel)
-        unified = bool(s.kv_unified)
+        n_seq, unified = max(1, s.parallel), bool(s.kv_unified)
     trained = meta.context_length or 4096
     ctx = s.ctx_size if s.ctx_size else trained
     n_ctx = pad(ctx, CTX_PAD)
     n_ctx_seq = n_ctx if unified else pad(n_ctx // n_seq, CTX_PAD)
     if not unified:
         n_ctx = n_ctx_seq * n_seq
-    n_batch = min(n_ctx, s.batch_size)
+    # embedding mode processes a whole input in one ubatch: the server caps -b at -ub
+    b_eff = min(s.batch_size, s.ubatch_size) if embeddings else s.batch_size
+    # the server caps the batch at the context it was given (before padding); encoders take
+    # the batch as it is
+    n_batch = min(ctx, b_eff) if meta.causal else b_eff
     n_ubatch = min(n_batch, s.ubatch_size)
     return Resolved(
         n_ctx=n_ctx,

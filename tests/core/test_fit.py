@@ -96,7 +96,12 @@ def test_slots_and_kv_types() -> None:
     slots = max_slots(m, LaunchSettings(), budget, ctx_per_slot=4096)
     assert slots.fits
     assert slots.footprint.settings.n_seq >= 2
-    options = kv_type_tradeoff(m, LaunchSettings(parallel=1), budget)
+    refused = kv_type_tradeoff(m, LaunchSettings(parallel=1), budget)
+    assert refused[0].refused is None
+    assert refused[1].refused is not None  # heads of 16 values: q8_0 blocks of 32 do not fit
+    assert "do not divide" in refused[1].refused
+    wide = make_meta(context_length=BIG_CTX, head_dim_k=32, head_dim_v=32)
+    options = kv_type_tradeoff(wide, LaunchSettings(parallel=1), budget)
     ctxs = [o.max_context or 0 for o in options]
     assert ctxs == sorted(ctxs)  # smaller cache types reach at least as far
     assert ctxs[1] > ctxs[0]

@@ -128,14 +128,45 @@ def test_kv_cache_exact_rows() -> None:
     assert r.n_ctx == 1024
     per = kv_bytes_per_layer(m, r)
     assert per[0] == 2 * 1024 * 32 * 2  # K and V: 1024 cells x 2 heads x 16 x f16
+    wide = make_meta(head_dim_k=32, head_dim_v=32)
     q8 = resolve(
-        m,
+        wide,
         LaunchSettings(
             ctx_size=1024, parallel=1, cache_type_k="q8_0", cache_type_v="q8_0", flash_attn="on"
         ),
     )
-    assert kv_bytes_per_layer(m, q8)[0] == 2 * 1024 * row_bytes("q8_0", 32)
-    assert row_bytes("q8_0", 32) == 34  # 34 bytes per 32 values, not 32
+    assert kv_bytes_per_layer(wide, q8)[0] == 2 * 1024 * row_bytes("q8_0", 64)
+    assert row_bytes("q8_0", 64) == 68  # 34 bytes per 32 values, not 32
+
+
+def test_cache_types_the_engine_refuses() -> None:
+    m = make_meta()  # K and V heads of 16 values
+    with pytest.raises(SizingError, match="do not divide"):
+        resolve(m, LaunchSettings(cache_type_k="q8_0"))  # auto -> flash attention
+    assert resolve(m, LaunchSettings(cache_type_k="q8_0", flash_attn="off")).flash_attn is False
+    mla = make_meta(mla=MlaDims(512, 1536, 64, 192, 128), head_dim_k=576, head_dim_v=512)
+    with pytest.raises(SizingError, match="same K and V"):
+        resolve(mla, LaunchSettings(cache_type_k="q8_0", flash_attn="off"))
+
+
+def test_batch_follows_the_requested_context_and_embedding_mode() -> None:
+    m = make_meta()
+    r = resolve(m, LaunchSettings(ctx_size=1000))
+    assert (r.n_ctx, r.n_batch, r.n_ubatch) == (1024, 1000, 512)
+    r = resolve(m, LaunchSettings(ctx_size=300))
+    assert (r.n_ctx, r.n_batch, r.n_ubatch) == (512, 300, 300)
+    emb = resolve(m, LaunchSettings(ctx_size=1024), embeddings=True)
+    assert (emb.n_batch, emb.n_ubatch) == (512, 512)
+    enc = make_meta(causal=False)
+    r = resolve(
+        enc, LaunchSettings(ctx_size=256, batch_size=4096, ubatch_size=1024), embeddings=True
+    )
+    assert (r.n_batch, r.n_ubatch) == (1024, 1024)
+
+
+def test_auto_slots_ignore_no_kv_unified() -> None:
+    r = resolve(make_meta(), LaunchSettings(ctx_size=1024, kv_unified=False))
+    assert (r.n_seq, r.kv_unified, r.n_ctx_seq) == (4, True, 1024)
 
 
 def test_quantized_v_needs_flash_attention() -> None:
