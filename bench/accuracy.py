@@ -197,13 +197,15 @@ def _footprint_module() -> Any:
     return footprint
 
 
-def predict(meta: ModelMeta, ls: LaunchSettings) -> tuple[dict[str, int] | None, str | None]:
+def predict(
+    meta: ModelMeta, ls: LaunchSettings, *, embeddings: bool = False
+) -> tuple[dict[str, int] | None, str | None]:
     """Predicted bytes per buffer on the CPU from qmgui.core.footprint, or (None, why)."""
     fp_mod = _footprint_module()
     if fp_mod is None:
         return None, "qmgui.core.footprint does not exist yet"
     try:
-        fp = fp_mod.estimate(meta, ls)
+        fp = fp_mod.estimate(meta, ls, embeddings=embeddings)
     except SizingError as e:
         return None, f"refused: {e}"
     except Exception as e:  # a prediction bug must not stop the measurement
@@ -277,11 +279,13 @@ def resolve_values(r: Resolved) -> dict[str, Any]:
     }
 
 
-def compare_resolve(meta: ModelMeta, ls: LaunchSettings, report: EngineReport) -> dict[str, Any]:
+def compare_resolve(
+    meta: ModelMeta, ls: LaunchSettings, report: EngineReport, *, embeddings: bool = False
+) -> dict[str, Any]:
     """resolve()'s values beside the engine's; `mismatches` lists every difference."""
     refused = sorted(f.kind.value for f in report.failures if f.kind in REFUSALS)
     try:
-        predicted: dict[str, Any] | None = resolve_values(resolve(meta, ls))
+        predicted: dict[str, Any] | None = resolve_values(resolve(meta, ls, embeddings=embeddings))
         error = None
     except SizingError as e:
         predicted, error = None, str(e)
@@ -404,7 +408,7 @@ def run_case(
     if save_logs is not None:
         safe = "".join(ch if ch.isalnum() or ch in "=._-" else "_" for ch in case.setting.label)
         (save_logs / f"{case.arch}__{safe}.log").write_text(outcome.log, encoding="utf-8")
-    predicted, why = predict(meta, case.setting.settings)
+    predicted, why = predict(meta, case.setting.settings, embeddings=embedding)
     measured = measured_json(report)
     cpu = measured["devices"].get("CPU", {})
     verdicts = {
@@ -426,7 +430,7 @@ def run_case(
         "predicted": predicted,
         "prediction_note": why,
         "verdicts": verdicts,
-        "resolve": compare_resolve(meta, case.setting.settings, report),
+        "resolve": compare_resolve(meta, case.setting.settings, report, embeddings=embedding),
         "parse_problems": parse_problems(report),
     }
 
