@@ -30,6 +30,14 @@ def register(sub: Any) -> None:
         "plan is CPU-only.",
     )
     p.add_argument("model", metavar="MODEL", help="a .gguf file (any shard of a split set)")
+    add_plan_flags(p)
+    p.add_argument("--json", action="store_true", help="print the plan as a JSON object")
+    p.set_defaults(func=cmd_plan)
+
+
+def add_plan_flags(p: argparse.ArgumentParser) -> None:
+    """The launch settings (llama-server's flag names), the GPUs to plan for and the engine:
+    shared by `plan`, `preview` and `export`."""
     p.add_argument(
         "-c",
         "--ctx-size",
@@ -98,11 +106,10 @@ def register(sub: Any) -> None:
         help="plan for llama-server or vLLM (default: llama-server for GGUF, vLLM "
         "for Hugging Face folders)",
     )
-    p.add_argument("--json", action="store_true", help="print the plan as a JSON object")
-    p.set_defaults(func=cmd_plan)
 
 
-def _gpus(args: argparse.Namespace) -> tuple[Gpu, ...]:
+def gpus_from(args: argparse.Namespace) -> tuple[Gpu, ...]:
+    """The GPUs to plan for: `--gpu` sizes, else the NVIDIA GPUs present (none: CPU only)."""
     if args.gpu:
         return gpus_from_sizes([parse_size(g) for g in args.gpu])
     return tuple(
@@ -111,7 +118,8 @@ def _gpus(args: argparse.Namespace) -> tuple[Gpu, ...]:
     )
 
 
-def _launch_settings(args: argparse.Namespace) -> LaunchSettings:
+def launch_settings_from(args: argparse.Namespace) -> LaunchSettings:
+    """The LaunchSettings the flags of `add_plan_flags` describe (ValueError when malformed)."""
     split: tuple[float, ...] = ()
     if args.tensor_split:
         split = tuple(float(x) for x in args.tensor_split.replace("/", ",").split(","))
@@ -136,9 +144,9 @@ def _launch_settings(args: argparse.Namespace) -> LaunchSettings:
 
 def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     try:
-        gpus = _gpus(args)
+        gpus = gpus_from(args)
         reserve = parse_size(args.reserve, allow_zero=True)
-        settings = _launch_settings(args)
+        settings = launch_settings_from(args)
     except ValueError as e:
         notify.error(str(e), source="plan")
         return EXIT_USAGE

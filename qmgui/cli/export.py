@@ -1,0 +1,256 @@
+"""`qmgui export`: plans written as files other tools run.
+
+- `llama-swap`: a config.yaml serving every model on demand behind one endpoint;
+- `script`: a bash or PowerShell script that launches one model;
+- `models-ini`: a llama.cpp router preset (`llama-server --models-preset models.ini`).
+
+Models come from the arguments, or from a scan of the configured roots and stores when none
+are given. Each model runs on the engine `qmgui preview` would pick, with the same settings;
+a model that cannot be exported is left out and named on stderr. `--out FILE` writes the file
+atomically (a temp file beside it, fsync, rename); without it the file goes to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import stat
+import tempfile
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, TextIO
+
+from qmgui import notify
+from qmgui.cli.plan import add_plan_flags
+from qmgui.cli.preview import (
+    DEFAULT_PORT,
+    Emitted,
+    Request,
+    Resolver,
+    UsageError,
+    add_target_flags,
+    emit_model,
+    load_quietly,
+    request_from,
+    with_override,
+)
+from qmgui.core.discovery import ModelEntry, entry_for_path, scan
+from qmgui.core.emit import PORT_MACRO, DevicePin, EmitError, skipped, split_each
+from qmgui.core.errors import SizingError
+from qmgui.core.export import Export, ExportError
+from qmgui.core.export.llama_swap import SwapModel, render_llama_swap
+from qmgui.core.export.models_ini import PresetModel, render_models_ini
+from qmgui.core.export.scripts import render_bash_script, render_powershell_script
+from qmgui.core.meta import ModelClass
+
+EXIT_OK = 0
+EXIT_NOTHING = 1
+EXIT_USAGE = 2
+SOURCE = "export"
+FORMATS = ("llama-swap", "script", "models-ini")
+SCRIPT_MODE = 0o755  # before the umask: the script is meant to be run
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "export",
+        help="write a llama-swap config, a launch script or a llama.cpp models.ini",
+        description="Write the launch plans of MODEL... (default: every model under the "
+        "configured roots and stores) as a llama-swap config.yaml, a bash or PowerShell "
+        "script (one model), or a llama.cpp router preset file.",
+    )
+    p.add_argument("format", choices=FORMATS, metavar="FORMAT", help=", ".join(FORMATS))
+    p.add_argument("models", nargs="*", metavar="MODEL", help="a .gguf file or a folder")
+    add_plan_flags(p)
+    add_target_flags(p)
+    p.add_argument("--out", metavar="FILE", help="write here (atomically) instead of stdout")
+    p.add_argument(
+        "--shell",
+        choices=("bash", "powershell"),
+        default="bash",
+        help="the script's language (default bash)",
+    )
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="the script's default port")
+    p.add_argument("--ttl", type=int, default=0, help="llama-swap: seconds idle before unload")
+    p.add_argument(
+        "--windows",
+        action="store_true",
+        help="llama-swap: quote commands for llama-swap on Windows",
+    )
+    p.set_defaults(func=cmd_export)
+
+
+def _entries(paths: Sequence[str]) -> list[ModelEntry]:
+    if paths:
+        return [entry_for_path(p) for p in paths]
+    from qmgui.cli.scan import _scan_roots  # noqa: PLC0415 - the same roots as `qmgui scan`
+
+    roots = _scan_roots([])
+    if not roots:
+        return []
+    result = scan(roots)
+    for problem in result.problems:
+        notify.warning(f"{problem.path}: {problem.reason}", source="scan")
+    return [m for m in result.models if m.model_class != ModelClass.PROJECTOR]
+
+
+def _emit_all(
+    entries: Sequence[ModelEntry], resolver: Resolver, req: Request
+) -> list[tuple[ModelEntry, Emitted | None, str | None]]:
+    """Each model with its emitted command, or with the reason it has none."""
+    out: list[tuple[ModelEntry, Emitted | None, str | None]] = []
+    for entry in entries:
+        if entry.meta is None:
+            out.append((entry, None, f"{entry.name}: {entry.error or 'not a model'}"))
+            continue
+        target = resolver.target(entry)
+        if isinstance(target, str):
+            out.append((entry, None, target))
+            continue
+        emitted = emit_model(entry, target, req, resolver.override(entry))
+        out.append((entry, emitted, None))
+    return out
+
+
+def _llama_swap(
+    items: list[tuple[ModelEntry, Emitted | None, str | None]], args: argparse.Namespace
+) -> Export:
+    models = []
+    for entry, emitted, reason in items:
+        command = emitted.command if emitted else skipped(reason or "no command")
+        models.append(
+            SwapModel(
+                id=entry.name,
+                command=command,
+                check_endpoint=emitted.health if emitted else "/health",
+                ttl=args.ttl,
+                comments=emitted.comments if emitted else (),
+            )
+        )
+    return render_llama_swap(
+        models, windows=args.windows, header=("llama-swap config written by qmgui",)
+    )
+
+
+def _script(
+    items: list[tuple[ModelEntry, Emitted | None, str | None]], args: argparse.Namespace
+) -> Export:
+    entry, emitted, reason = items[0]
+    if emitted is None or not emitted.command.runnable:
+        why = emitted.command.warnings if emitted else (reason or "no command",)
+        return Export(text="", warnings=tuple(why))
+    name = os.path.basename(args.out) if args.out else None
+    engine = os.path.basename(emitted.command.argv[0])
+    common: dict[str, Any] = {
+        "title": f"Launch {entry.name} with {engine}",
+        "comments": emitted.comments,
+        "default_port": args.port,
+    }
+    if args.shell == "powershell":
+        return render_powershell_script(emitted.command, script_name=name or "launch.ps1", **common)
+    return render_bash_script(emitted.command, script_name=name or "launch.sh", **common)
+
+
+def _models_ini(entries: Sequence[ModelEntry], resolver: Resolver, req: Request) -> Export:
+    """The preset file: the llama-server models only (the router is one llama-server)."""
+    presets = []
+    left_out = []
+    builds: set[frozenset[str] | None] = set()
+    for entry in entries:
+        target = resolver.target(entry) if entry.meta is not None else None
+        if target is None or isinstance(target, str) or target.kind != "llama":
+            if entry.meta is None:
+                why = entry.error or "not a model"
+            else:
+                why = target if isinstance(target, str) else "not served by llama-server"
+            left_out.append(f"{entry.name}: left out of models.ini: {why}")
+            continue
+        builds.add(target.supported)
+        ov = resolver.override(entry)
+        model = replace(entry, mmproj=ov.mmproj) if ov is not None and ov.mmproj else entry
+        presets.append(
+            PresetModel(
+                name=entry.name,
+                model=model,
+                settings=with_override(req.settings, ov),
+                devices=DevicePin(target.variant or "cuda", req.devices) if req.devices else None,
+                extra_args=(*split_each(ov.extra_args if ov else ()), *req.extra),
+            )
+        )
+    # the router is one build: spell for it when every model resolved to the same one
+    result = render_models_ini(
+        presets,
+        supported_flags=next(iter(builds)) if len(builds) == 1 else None,
+        header=("llama.cpp router presets written by qmgui: llama-server --models-preset FILE",),
+    )
+    return Export(result.text, (*left_out, *result.warnings))
+
+
+def write_atomic(path: str, text: str, *, mode: int | None = None) -> None:
+    """Write `text` to `path` through a temp file beside it, fsync and rename. `mode` (before
+    the umask) for a new file; an existing file keeps its own."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if os.name != "nt":  # mkstemp makes the file 0600; give it the mode a new file gets
+            umask = os.umask(0)
+            os.umask(umask)
+            if os.path.exists(path) and mode is None:
+                os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
+            else:
+                os.chmod(tmp, (mode if mode is not None else 0o666) & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
+    port = args.port if args.format == "models-ini" else PORT_MACRO
+    try:
+        req = request_from(args, port=port, estimate=True)
+    except (ValueError, EmitError) as e:
+        notify.error(str(e), source=SOURCE)
+        return EXIT_USAGE
+    entries = _entries(args.models)
+    if not entries:
+        notify.error("no models to export: name them, or add a model folder", source=SOURCE)
+        return EXIT_NOTHING
+    if args.format == "script" and len(entries) != 1:
+        notify.error("a script launches one model: name exactly one MODEL", source=SOURCE)
+        return EXIT_USAGE
+    resolver = Resolver(
+        load_quietly(), backend_arg=args.backend, engine=args.engine, probe=not args.no_probe
+    )
+    try:
+        if args.format == "models-ini":
+            result = _models_ini(entries, resolver, req)
+        else:
+            items = _emit_all(entries, resolver, req)
+            result = (
+                _llama_swap(items, args) if args.format == "llama-swap" else _script(items, args)
+            )
+    except (UsageError, EmitError, SizingError, ExportError) as e:
+        notify.error(str(e), source=SOURCE)
+        return EXIT_USAGE
+    for warning in result.warnings:
+        notify.warning(warning, source=SOURCE)
+    if not result.text:
+        return EXIT_NOTHING
+    if args.out:
+        executable = args.format == "script" and args.shell == "bash"
+        try:
+            write_atomic(args.out, result.text, mode=SCRIPT_MODE if executable else None)
+        except OSError as e:
+            notify.error(f"could not write {args.out}: {e.strerror or e}", source=SOURCE)
+            return EXIT_NOTHING
+        notify.info(f"wrote {args.out}", source=SOURCE)
+    else:
+        out.write(result.text)
+    return EXIT_OK
