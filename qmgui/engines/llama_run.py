@@ -117,18 +117,19 @@ def _read_new(path: Path, offset: int) -> tuple[str, int]:
     return data.decode("utf-8", errors="replace"), offset + len(data)
 
 
-def _wait_for_load(proc: subprocess.Popen[bytes], log_path: Path, deadline: float) -> bool:
-    """Poll the log until the model loads; False when the process exits or time runs out."""
+def _wait_for_load(proc: subprocess.Popen[bytes], log_path: Path, deadline: float) -> str:
+    """Poll the log until the model loads: "loaded", "ended" (the process exited or logged why
+    it will) or "deadline"."""
     seen, offset = "", 0
     while True:
         chunk, offset = _read_new(log_path, offset)
         seen = seen[-4096:] + chunk  # markers never span more than one line
         if any(m in seen for m in _LOADED_MARKERS):
-            return True
+            return "loaded"
         if any(m in seen for m in _EXIT_MARKERS) or proc.poll() is not None:
-            return False
+            return "ended"
         if time.monotonic() >= deadline:
-            return False
+            return "deadline"
         time.sleep(POLL_S)
 
 
@@ -177,8 +178,13 @@ def _launch_once(
         loaded = timed_out = False
         code: int | None = None
         try:
-            loaded = _wait_for_load(proc, log_path, start + timeout_s)
-            timed_out = not loaded and proc.poll() is None
+            status = _wait_for_load(proc, log_path, start + timeout_s)
+            loaded = status == "loaded"
+            timed_out = status == "deadline"
+            if status == "ended":
+                # it logged why it stops: let it exit by itself, so its status is its own
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=STOP_GRACE_S)
         finally:
             # a clean exit after loading prints the breakdown table; a hung load is just killed
             code = _stop(proc, graceful=not timed_out)
