@@ -146,7 +146,7 @@ def test_plan_table_and_errors(models: Path, tmp_path: Path) -> None:
     assert "do not divide" in err
     code, _, err = run("plan", str(models / "tiny-llama.gguf"), "--gpu", "lots")
     assert code == 2
-    assert "not a size" in err
+    assert "no GPU profile called" in err
     code, _, err = run("plan", str(models / "tiny-llama.gguf"), "-ctv", "q8_0", "-fa", "off")
     assert code == 2
     assert "flash attention" in err
@@ -170,3 +170,12 @@ def test_plan_hf_folder_for_vllm(tmp_path: Path) -> None:
     assert code == 2
     assert "--engine vllm" in err
     assert err.count("GGUF") == 1  # printed once, not again by logging
+
+
+def test_plan_for_named_cards(models: Path) -> None:
+    code, out, _ = run(
+        "plan", str(models / "tiny-llama.gguf"), "--gpu", "2x3090", "--gpu", "12GiB", "--json"
+    )
+    assert code == 0
+    names = [d["name"] for d in json.loads(out)["devices"]]
+    assert names == ["GPU0 (RTX 3090)", "GPU1 (RTX 3090)", "GPU2", "CPU"]

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from typing import Any, TextIO
 
 from qmgui import notify
 from qmgui.core.discovery import ModelEntry, entry_for_path
 from qmgui.core.errors import SizingError
-from qmgui.core.fit import Budget, FitResult, check, gpus_from_sizes
+from qmgui.core.fit import Budget, FitResult, check
 from qmgui.core.footprint import Gpu
 from qmgui.core.launch import CACHE_TYPES, DEFAULT_BATCH, DEFAULT_UBATCH, LaunchSettings
 from qmgui.core.units import format_bytes, parse_size
 from qmgui.core.vllm import VllmPins, plan_vllm
 from qmgui.hw.nvml import read_gpus
+from qmgui.hw.profiles import lookup
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -91,7 +93,8 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="SIZE",
-        help="plan for a GPU of this size (24GiB, 12G, 80GB); repeat for several",
+        help="plan for a GPU that need not exist: a size (24GiB, 80GB) or a card (4090, "
+        "2x3090, a100 80gb); repeat for several",
     )
     p.add_argument(
         "--reserve",
@@ -111,11 +114,26 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
 def gpus_from(args: argparse.Namespace) -> tuple[Gpu, ...]:
     """The GPUs to plan for: `--gpu` sizes, else the NVIDIA GPUs present (none: CPU only)."""
     if args.gpu:
-        return gpus_from_sizes([parse_size(g) for g in args.gpu])
+        # cards ("4090", "2x3090") keep their name beside the index; plain sizes are GPUi
+        gpus: list[Gpu] = []
+        for text in args.gpu:
+            plain = _is_size(text)
+            for g in lookup(text):
+                card = "" if plain else g.name[g.name.index(" ") :]
+                gpus.append(replace(g, name=f"GPU{len(gpus)}{card}"))
+        return tuple(gpus)
     return tuple(
         Gpu(name=f"GPU{r.index}", total_bytes=r.total_bytes, free_bytes=r.free_bytes)
         for r in read_gpus()
     )
+
+
+def _is_size(text: str) -> bool:
+    try:
+        parse_size(text)
+    except ValueError:
+        return False
+    return True
 
 
 def launch_settings_from(args: argparse.Namespace) -> LaunchSettings:
