@@ -84,23 +84,57 @@ def _largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
 
 
 def max_context(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> FitResult:
-    """The largest context (a multiple of 256, at most the trained one) that fits."""
+    """The largest context (a multiple of 256, at most the trained one) that fits.
+
+    The compute buffer is the expensive part of an estimate (a replay of the engine's
+    allocator), so the search runs in two steps: a binary search on the cheap part plus the
+    compute buffers measured once at the top of the range, then full estimates that walk from
+    that candidate to the exact answer (compute buffers change little from one 256-cell step
+    to the next, so this takes a few full estimates instead of one per bisection step)."""
     trained = meta.context_length or 4096
     top = max(trained // CTX_PAD, 1)
 
-    def ok(k: int) -> bool:
-        return check(meta, replace(settings, ctx_size=k * CTX_PAD), budget).fits
+    def at(k: int) -> LaunchSettings:
+        return replace(settings, ctx_size=k * CTX_PAD)
 
-    best = _largest(1, top, ok)
+    def fits(k: int) -> bool:
+        return check(meta, at(k), budget).fits
+
+    high = estimate(meta, at(top), budget.gpus)
+    extra = {d.name: d.compute for d in high.devices}
+
+    def cheap_fits(k: int) -> bool:
+        fp = estimate(meta, at(k), budget.gpus, compute=False)
+        return _within(fp, budget, extra)
+
+    guess = _largest(1, top, cheap_fits) or 1
+    if fits(guess):
+        best: int | None = guess
+        step = 1
+        while best is not None and best + step <= top and fits(best + step):
+            best += step
+            step *= 2
+        if best is not None and best < top:
+            best = _largest(best, min(best + step, top), fits)
+    else:
+        best = _largest(1, guess - 1, fits)
     if best is None:
-        smallest = check(meta, replace(settings, ctx_size=MIN_CONTEXT), budget)
-        nearest = _nearest_offload(meta, replace(settings, ctx_size=MIN_CONTEXT), budget)
+        smallest = check(meta, at(1), budget)
+        nearest = _nearest_offload(meta, at(1), budget)
         return replace(
             smallest,
             reason=f"even {MIN_CONTEXT} tokens do not fit: {smallest.reason}",
             nearest=nearest,
         )
-    return check(meta, replace(settings, ctx_size=best * CTX_PAD), budget)
+    return check(meta, at(best), budget)
+
+
+def _within(fp: Footprint, budget: Budget, extra: dict[str, int]) -> bool:
+    for d in fp.devices:
+        limit = budget.limit(d.name)
+        if limit is not None and d.total + extra.get(d.name, 0) > limit:
+            return False
+    return True
 
 
 def offload_for_context(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> FitResult:

@@ -16,13 +16,13 @@ The compute buffer is an estimate (`qmgui.core.compute`), calibrated on the CPU 
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gguf import GGML_QUANT_SIZES
 
+from qmgui.core.compute import compute_buffer_bytes
 from qmgui.core.errors import SizingError
 from qmgui.core.launch import LaunchSettings, Resolved, pad, resolve, row_bytes
 from qmgui.core.meta import ModelMeta, Pooling, TensorEntry
@@ -354,9 +354,12 @@ def estimate(
     mmproj: ModelMeta | None = None,
     mmproj_offload: bool = True,
     rules: EngineRules = EngineRules(),
+    compute: bool = True,
 ) -> Footprint:
     """Every buffer one launch allocates, per GPU and in host memory.
 
+    `compute=False` leaves the compute buffers at zero: the cheap part of a plan, which fit
+    searches use to narrow down before confirming with the full estimate.
     `mmproj` is the projector's metadata: its weights go to the first GPU (llama-server's
     default `--mmproj-offload`) or to the CPU."""
     if embeddings is None:
@@ -389,9 +392,9 @@ def estimate(
         proj_dev = gpus[0].name if gpus and mmproj_offload else CPU
         add(proj_dev, "weights", mmproj.weight_bytes)
         notes.append("the projector's image warm-up compute buffer is not estimated")
-    compute = _compute(meta, r, layer_dev, embeddings=embeddings, notes=notes)
-    for dev, n in compute.items():
-        add(dev, "compute", n)
+    if compute:
+        for dev, n in _compute(meta, r, layer_dev, embeddings=embeddings, notes=notes).items():
+            add(dev, "compute", n)
     if settings.repack:
         notes.append(
             "CPU weight repacking (AMX/CPU_REPACK) may add host copies of some weights; not counted"
@@ -409,23 +412,35 @@ def estimate(
 def _compute(
     meta: ModelMeta, r: Resolved, layer_dev: Sequence[str], *, embeddings: bool, notes: list[str]
 ) -> dict[str, int]:
-    """Compute buffers: one per backend that runs part of the graph."""
+    """Compute buffers: one per backend that runs part of the graph.
+
+    The CPU buffer is the replayed graph (`core.compute`, exact on the CPU backend). GPU
+    backends get the same graph's size, uncalibrated; under partial offload each GPU also
+    holds a copy of the largest CPU-resident weight, which llama.cpp moves into the GPU's
+    compute buffer for large-batch matmuls (SIZING.md: partial offload grows compute buffers).
+    """
     try:
-        compute_mod = importlib.import_module("qmgui.core.compute")
-    except ImportError:
-        notes.append("compute buffer not estimated (no calibrated model)")
+        graph = compute_buffer_bytes(meta, r, embeddings=embeddings)
+    except SizingError as e:
+        notes.append(f"compute buffer not estimated: {e}")
         return {}
-    fn = getattr(compute_mod, "compute_buffer_bytes", None)
-    if fn is None:
-        notes.append("compute buffer not estimated (no calibrated model)")
-        return {}
-    out: dict[str, int] = {}
-    for dev in dict.fromkeys(layer_dev):
-        backend = "CPU" if dev == CPU else "GPU"
-        try:
-            out[dev] = int(fn(meta, r, backend=backend))
-        except Exception as e:  # an uncalibrated family must not break a plan
-            notes.append(f"compute buffer on {dev} not estimated ({e})")
-    if CPU not in out and all(d != CPU for d in layer_dev):
-        notes.append("host compute buffer of a full offload not estimated yet")
+    devices = list(dict.fromkeys(layer_dev))
+    gpus = [d for d in devices if d != CPU]
+    if not gpus:
+        return {CPU: graph}
+    notes.append("GPU compute buffers are estimated from the CPU graph (not measured on a GPU)")
+    copy = 0
+    if CPU in devices:
+        copy = max(
+            (t.nbytes for t in _table(meta) if t.role == _LAYER and layer_dev[t.layer] == CPU),
+            default=0,
+        )
+    out = dict.fromkeys(gpus, graph + copy)
+    # the host side of a full offload: the token embeddings gathered on the CPU and the
+    # logits copied back (llama.cpp's *_Host compute buffer; small, not measured here)
+    out[CPU] = (
+        graph
+        if CPU in devices
+        else (meta.n_embd * r.n_ubatch + (meta.vocab_size or 0) * r.n_seq) * 4
+    )
     return out

@@ -120,3 +120,24 @@ def test_a_plan_that_fits_never_exceeds_its_budget(mib: int, reserve: int) -> No
         for d in final.footprint.devices:
             limit = budget.limit(d.name)
             assert limit is None or d.total <= limit
+
+
+def test_max_context_matches_a_scan_of_every_context() -> None:
+    """The two-step search (cheap bisection, then full estimates) finds what trying every
+    context in order would."""
+    from tests.core.test_footprint import make_meta as mk
+
+    m = mk(context_length=16384)
+    for mib in (3, 5, 9):
+        budget = Budget(gpus=gpus_from_sizes([mib * MIB]), gpu_reserve=0)
+        found = max_context(m, LaunchSettings(parallel=1), budget)
+        fitting = [
+            k
+            for k in range(1, 16384 // 256 + 1)
+            if check(m, LaunchSettings(parallel=1, ctx_size=k * 256), budget).fits
+        ]
+        if fitting:
+            assert found.fits
+            assert found.footprint.settings.n_ctx == max(fitting) * 256
+        else:
+            assert not found.fits
