@@ -147,12 +147,12 @@ def test_a_hang_is_stopped_and_reaped(tmp_path: Path) -> None:
         """,
     )
     start = time.monotonic()
-    p = probe(exe, timeout_s=0.5)
+    p = probe(exe, timeout_s=2.0)  # long enough for a busy machine to start Python
     took = time.monotonic() - start
     assert p.failure is not None and p.failure.kind is FailureKind.TIMED_OUT
-    assert "did not finish within 0.5 s and was stopped; last output: starting up" in str(p.failure)
+    assert "did not finish within 2 s and was stopped; last output: starting up" in str(p.failure)
     assert len(p.runs) == 1  # a hang on --version is not repeated for --help
-    assert took < 5
+    assert took < 10
 
 
 @needs_posix
