@@ -27,7 +27,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from qmgui.core.discovery import ModelEntry
 from qmgui.core.errors import QmguiError
+from qmgui.core.meta import ModelClass
 from qmgui.core.probe import ProbeResult
 
 DEFAULT_HOST = "127.0.0.1"  # engines listen on loopback only; a proxy or the user opens them up
@@ -242,6 +244,17 @@ def build(
 def skipped(reason: str) -> Command:
     """No command: this engine cannot serve the model, and `reason` says why."""
     return Command(argv=(), warnings=(reason,))
+
+
+def refuse(model: ModelEntry, serves: ModelClass, what: str) -> Command | None:
+    """`skipped` for a model that could not be read or is not of the class this engine
+    serves (`what` says what the engine does, e.g. "transcribes speech"); None when fine."""
+    if model.error:
+        return skipped(f"{model.name}: {model.error}")
+    if model.model_class not in (None, serves):
+        cls = model.model_class.value if model.model_class else "?"
+        return skipped(f"{model.name}: {what}; this is a {cls} model")
+    return None
 
 
 # --- device pinning ------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from qmgui.core.emit import (
     merge_extra,
     parse_extra_args,
     place,
-    skipped,
+    refuse,
 )
 from qmgui.core.meta import ModelClass
 
@@ -110,11 +110,9 @@ def emit_sd(
     extra_args: str | Sequence[str] = (),
 ) -> Command:
     """The sd-server command for an image model."""
-    if model.error:
-        return skipped(f"{model.name}: {model.error}")
-    if model.model_class not in (None, ModelClass.IMAGE):
-        cls = model.model_class.value if model.model_class else "?"
-        return skipped(f"{model.name}: sd-server serves image models; this is a {cls} model")
+    refused = refuse(model, ModelClass.IMAGE, "sd-server serves image models")
+    if refused is not None:
+        return refused
     extra = parse_extra_args(extra_args)
     standalone = options.standalone if options.standalone is not None else is_standalone(model)
     path = model.shards[0] if model.shards else model.path

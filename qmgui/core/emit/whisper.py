@@ -23,7 +23,7 @@ from qmgui.core.emit import (
     merge_extra,
     parse_extra_args,
     place,
-    skipped,
+    refuse,
 )
 from qmgui.core.meta import ModelClass
 
@@ -64,11 +64,9 @@ def emit_whisper(
     extra_args: str | Sequence[str] = (),
 ) -> Command:
     """The whisper-server command for a speech-to-text model."""
-    if model.error:
-        return skipped(f"{model.name}: {model.error}")
-    if model.model_class not in (None, ModelClass.ASR):
-        cls = model.model_class.value if model.model_class else "?"
-        return skipped(f"{model.name}: whisper-server transcribes speech; this is a {cls} model")
+    refused = refuse(model, ModelClass.ASR, "whisper-server transcribes speech")
+    if refused is not None:
+        return refused
     extra = parse_extra_args(extra_args)
     opts = [Option(F_MODEL, model.path)]
     if options.threads is not None:
