@@ -179,3 +179,10 @@ def test_plan_for_named_cards(models: Path) -> None:
     assert code == 0
     names = [d["name"] for d in json.loads(out)["devices"]]
     assert names == ["GPU0 (RTX 3090)", "GPU1 (RTX 3090)", "GPU2", "CPU"]
+
+
+def test_a_bare_number_is_a_card_not_bytes(models: Path) -> None:
+    code, out, _ = run("plan", str(models / "tiny-llama.gguf"), "--gpu", "4090", "--json")
+    assert code == 0
+    (gpu, _cpu) = json.loads(out)["devices"]
+    assert gpu["name"] == "GPU0 (RTX 4090)"

@@ -309,7 +309,7 @@ def _probed(b: Backend) -> Backend:
     notify.info(f"{b.id}: {result.summary()}", source=SOURCE)
     return replace(
         b,
-        version=result.label if result.version else b.version,
+        version=result.version or b.version,
         build=result.build if result.build is not None else b.build,
         variant=b.variant or result.variant,
         capabilities={**b.capabilities, **result.capabilities()},

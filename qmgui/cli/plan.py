@@ -129,6 +129,9 @@ def gpus_from(args: argparse.Namespace) -> tuple[Gpu, ...]:
 
 
 def _is_size(text: str) -> bool:
+    """A size with its unit ("24GiB", "80GB"); a bare number is a card ("4090")."""
+    if not text.strip()[-1:].isalpha():
+        return False
     try:
         parse_size(text)
     except ValueError:
