@@ -12,7 +12,9 @@ makes it non-monotonic: on the test engine a larger context or ubatch sometimes 
 No closed formula follows best-fit placement, so this module replays it. Per architecture
 family it lays out the graph llama.cpp builds (the same ops in the same order with the same
 shapes and views, from src/models/<arch>.cpp and src/llama-graph.cpp), then runs a port of
-ggml-alloc's allocator over it. The terms that come out on top are
+ggml-alloc's allocator over it. The context only resizes tensors that span the KV cache, so
+each graph's walk is compiled once per structure and replayed per context over affine sizes
+(see "the walk compiled once per graph structure"). The terms that come out on top are
 
     inputs: the KQ mask (n_kv x n_ubatch, f32; f16 with flash attention), token, position
             and KV-index inputs, an unused n_embd x n_ubatch f32 embedding input
@@ -37,8 +39,8 @@ dense layout cannot stand for: those raise SizingError.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 
 from qmgui.core.errors import SizingError
 from qmgui.core.launch import Resolved
@@ -110,7 +112,11 @@ class _T:
         "src",
         "type",
         "view_src",
+        "visited",
     )
+
+    ne: tuple[int, ...]
+    nb: tuple[int, ...]
 
     def __init__(
         self,
@@ -124,8 +130,14 @@ class _T:
         external: bool = False,
     ) -> None:
         self.type = type_
-        self.ne: tuple[int, ...] = (*ne, 1, 1, 1, 1)[:4]
-        self.nb: tuple[int, ...] = tuple(nb) if nb is not None else _contiguous_nb(type_, self.ne)
+        ne4 = self.ne = (*ne, 1, 1, 1, 1)[:4]
+        if nb is None:  # _contiguous_nb, inline: every op's result is built here
+            size, blck = _TYPE_TRAITS[type_]
+            nb1 = size * (ne4[0] // blck)
+            nb2 = nb1 * ne4[1]
+            self.nb = (size, nb1, nb2, nb2 * ne4[2])
+        else:
+            self.nb = tuple(nb)
         self.op = op
         self.src = tuple(src)
         # ggml_new_tensor_impl: a view of a view points at the root tensor
@@ -139,6 +151,7 @@ class _T:
         self.n_views = 0
         self.allocated = False
         self.offset = 0
+        self.visited = False  # reached by _Graph.expand
 
     @property
     def nelements(self) -> int:
@@ -187,25 +200,26 @@ class _Graph:
     def __init__(self) -> None:
         self.nodes: list[_T] = []
         self.leafs: list[_T] = []
-        self._seen: set[int] = set()
 
     # -- graph order ------------------------------------------------------------------------
 
     def expand(self, t: _T) -> _T:
         """ggml_visit_parents: depth-first over sources in order, each tensor once."""
-        stack: list[tuple[_T, int]] = [(t, 0)]
+        if t.visited:
+            return t
+        t.visited = True
+        nodes, leafs = self.nodes, self.leafs
+        stack: list[tuple[_T, Iterator[_T]]] = [(t, iter(t.src))]
         while stack:
-            cur, i = stack.pop()
-            if i == 0:
-                if id(cur) in self._seen:
-                    continue
-                self._seen.add(id(cur))
-            if i < len(cur.src):
-                stack.append((cur, i + 1))
-                if id(cur.src[i]) not in self._seen:
-                    stack.append((cur.src[i], 0))
-                continue
-            (self.leafs if cur.op == "none" else self.nodes).append(cur)
+            cur, srcs = stack[-1]
+            for s in srcs:
+                if not s.visited:
+                    s.visited = True
+                    stack.append((s, iter(s.src)))
+                    break
+            else:
+                stack.pop()
+                (leafs if cur.op == "none" else nodes).append(cur)
         return t
 
     # -- leaves -----------------------------------------------------------------------------
@@ -1820,7 +1834,54 @@ def _layout(meta: ModelMeta) -> tuple[_Build, float]:
 
 
 def _reserve_bytes(meta: ModelMeta, r: Resolved, build: _Build, embeddings: bool) -> int:
-    """The larger of the prompt and token-generation reservations, as ggml-alloc sizes them."""
+    """The larger of the prompt and token-generation reservations, as ggml-alloc sizes them.
+
+    Each graph's walk is compiled once per structure (see _Program) and replayed over the
+    context's tensor sizes; where that cannot be done exactly, the graph is built and walked
+    as _reserve_bytes_plain does."""
+    n_kv, n_kv_swa = r.n_ctx_seq, _swa_cells(meta, r)
+    if n_kv <= 0 or n_kv_swa <= 0 or n_kv % _CELLS or n_kv_swa % _CELLS:
+        return _reserve_bytes_plain(meta, r, build, embeddings)
+    u, v = n_kv // _CELLS, n_kv_swa // _CELLS
+    # everything the graphs' topology depends on; the contexts only size their tensors
+    structure = (
+        id(meta),
+        build,
+        embeddings,
+        _replay_layers(meta),
+        r.n_stream,
+        r.kv_unified,
+        r.flash_attn,
+        r.cache_type_k,
+        r.cache_type_v,
+    )
+    d: _Dims | None = None
+    peak = 0
+    for shape in _reserve_shapes(r, embeddings):
+        key = (*structure, shape)
+        hit = _PROGRAMS.get(key)
+        if hit is not None and hit[0] is meta:
+            prog = hit[1]
+        else:
+            if d is None:
+                d = _dims(meta, r, embeddings)
+            prog = _program(build, d, shape)
+            if len(_PROGRAMS) >= 16 * _CACHE_KEPT:
+                _PROGRAMS.clear()
+            _PROGRAMS[key] = (meta, prog)
+        if prog is None:
+            if d is None:
+                d = _dims(meta, r, embeddings)
+            b = _Builder(d, shape)
+            build(b)
+            peak = max(peak, _peak_bytes(b.g))
+        elif prog.bound(u, v) > peak:  # a graph that cannot outgrow the peak is not walked
+            peak = max(peak, prog.peak(u, v))
+    return peak
+
+
+def _reserve_bytes_plain(meta: ModelMeta, r: Resolved, build: _Build, embeddings: bool) -> int:
+    """_reserve_bytes the plain way: build each graph for this context and walk it."""
     d = _dims(meta, r, embeddings)
     peak = 0
     for shape in _reserve_shapes(r, embeddings):
@@ -1828,6 +1889,254 @@ def _reserve_bytes(meta: ModelMeta, r: Resolved, build: _Build, embeddings: bool
         build(b)
         peak = max(peak, _peak_bytes(b.g))
     return peak
+
+
+# --- the walk compiled once per graph structure -------------------------------------------------
+#
+# In the builders above a context (the cells per KV stream, n_kv and n_kv_swa) changes no op,
+# source or view of a graph, only the sizes of the tensors that span the KV cache (the KQ
+# mask, the cache views, the attention scores), and those linearly. So each graph structure
+# (everything but the cells: _reserve_bytes' key) is built once with the cell counts as
+# symbols, its ggml-alloc walk recorded as allocations and frees of slots, and each slot's
+# size read back as c + a*u + b*v bytes (u, v: cells of the full and the sliding-window
+# cache, in units of _CELLS, which makes every size an integer). A new context then costs
+# one pass of the best-fit allocator over those events and sizes.
+#
+# The symbols are large powers of two, so an integer polynomial in them with small
+# coefficients shows each coefficient in its own digits: a size that is not affine (a
+# product of cell counts) is detected, and so is an in-place decision that some context
+# could flip (a layout equal to its parent's at one cell count only). Either makes the
+# structure fall back to the plain build for good. A compiled structure is also built at
+# the real context that asked for it, and must give the same events, and the same sizes
+# from its coefficients, there. test_compute checks it against the plain build on every
+# fixture model over many contexts.
+
+_CELLS = 256  # KV cells come in multiples of this (launch.CTX_PAD)
+_SYM_U = 1 << 64  # u in the symbolic build
+_SYM_V = 1 << 1024  # v in the symbolic build: above u**15, beyond any size's degree in u
+_COEF_MAX = 1 << 62  # coefficients are read back only below this
+
+
+class _NotAffine(Exception):
+    """A structure whose walk a context could change: it is built and walked every time."""
+
+
+def _affine(x: int) -> tuple[int, int, int]:
+    """(c, a, b) with x == c + a*_SYM_U + b*_SYM_V, each coefficient small; _NotAffine if
+    x is not of that form (a power of u above the first, or a product with v)."""
+    c = x % _SYM_U
+    if c >= _SYM_U // 2:
+        c -= _SYM_U
+    rest = (x - c) // _SYM_U
+    a = rest % _SYM_U
+    if a >= _SYM_U // 2:
+        a -= _SYM_U
+    rest = x - c - a * _SYM_U
+    if rest % _SYM_V:
+        raise _NotAffine
+    b = rest // _SYM_V
+    if not -_COEF_MAX < b < _COEF_MAX:
+        raise _NotAffine
+    return c, a, b
+
+
+def _same_layout_symbolic(t: _T, p: _T) -> bool:
+    """_same_layout for tensors of the symbolic build: whether it holds at every context.
+    _NotAffine if it holds at some contexts only (a shape component that another matches
+    at one cell count)."""
+    if t.type != p.type:
+        return False
+    if t.ne == p.ne and t.nb == p.nb:
+        return True  # the same polynomials: equal at every context
+    for x, y in zip((*t.ne, *t.nb), (*p.ne, *p.nb), strict=True):
+        if x != y:
+            _, a, b = _affine(x - y)
+            if a == 0 and b == 0:
+                return False  # a constant apart: different at every context
+    raise _NotAffine
+
+
+class _EventWalk:
+    """_peak_bytes's walk without an arena: its allocations and frees in order, as slot
+    numbers (slot for an allocation, ~slot for a free), and per slot the tensor allocated
+    there (an in-place child takes over its parent's slot and frees it with its own size,
+    which the same layout makes the same). `same` decides _same_layout."""
+
+    def __init__(self, g: _Graph, same: Callable[[_T, _T], bool]) -> None:
+        self.same = same
+        self.events: list[int] = []
+        self.owners: list[_T] = []
+        for leaf in g.leafs:
+            self.allocate(leaf)
+        for node in g.nodes:
+            if node.view_src is not None:
+                node.view_src.n_views += 1
+            for s in node.src:
+                s.n_children += 1
+        for node in g.nodes:
+            for s in node.src:
+                self.allocate(s)
+            self.allocate(node)
+            for s in node.src:
+                self.release(s)
+
+    def allocate(self, t: _T) -> None:
+        """_allocate, with the layout test last (the tests are free of side effects)."""
+        if t.external or t.allocated or t.view_src is not None:
+            return
+        t.allocated = True
+        if t.op in _INPLACE_OPS:
+            for p in t.src:
+                if (
+                    p.allocated
+                    and not p.is_output
+                    and p.n_children == 1
+                    and p.n_views == 0
+                    and self.same(t, p)
+                ):
+                    t.offset = p.offset
+                    p.allocated = False
+                    return
+        t.offset = len(self.owners)
+        self.owners.append(t)
+        self.events.append(t.offset)
+
+    def release(self, parent: _T) -> None:
+        """_release."""
+        parent.n_children -= 1
+        if parent.n_children != 0 or parent.n_views != 0:
+            return
+        if parent.view_src is not None:
+            root = parent.view_src
+            root.n_views -= 1
+            if root.n_views == 0 and root.n_children == 0 and root.allocated:
+                self.free(root)
+        elif parent.allocated:
+            self.free(parent)
+
+    def free(self, t: _T) -> None:
+        if not t.is_output:
+            self.events.append(~t.offset)
+            t.allocated = False
+
+
+@dataclass(frozen=True)
+class _Program:
+    """One graph structure's walk: events (slot: allocate, ~slot: free) and per-slot padded
+    sizes, constant or (for `grows`: slot, c, a, b) c + a*u + b*v bytes before padding."""
+
+    events: tuple[int, ...]
+    sizes: tuple[int, ...]
+    grows: tuple[tuple[int, int, int, int], ...]
+    total: tuple[int, int, int]  # an upper bound of the padded sizes' sum, as c, a, b
+
+    def bound(self, u: int, v: int) -> int:
+        """Bytes the walk cannot exceed: no placement ends beyond all allocations together."""
+        c, a, b = self.total
+        return c + a * u + b * v
+
+    def peak(self, u: int, v: int) -> int:
+        sizes = list(self.sizes)
+        for slot, c, a, b in self.grows:
+            sizes[slot] = -(-(c + a * u + b * v) // CPU_ALIGNMENT) * CPU_ALIGNMENT
+        return _run_best_fit(self.events, sizes)
+
+
+def _program(build: _Build, d: _Dims, shape: _Shape) -> _Program | None:
+    """Compile one graph's walk (None where a context could change more than sizes)."""
+    u, v = d.n_kv // _CELLS, d.n_kv_swa // _CELLS
+    real = _Builder(d, shape)
+    build(real)
+    sym = _Builder(replace(d, n_kv=_CELLS * _SYM_U, n_kv_swa=_CELLS * _SYM_V), shape)
+    build(sym)
+    try:
+        walk = _EventWalk(sym.g, _same_layout_symbolic)
+        real_walk = _EventWalk(real.g, _same_layout)
+        if walk.events != real_walk.events:
+            raise _NotAffine
+        sizes: list[int] = []
+        grows: list[tuple[int, int, int, int]] = []
+        total = [0, 0, 0]
+        for slot, (t, t_real) in enumerate(zip(walk.owners, real_walk.owners, strict=True)):
+            c, a, b = _affine(_nbytes(t))
+            if a < 0 or b < 0 or c + a * u + b * v != _nbytes(t_real):
+                raise _NotAffine
+            if a or b:
+                grows.append((slot, c, a, b))
+                sizes.append(0)
+                total[0] += c + CPU_ALIGNMENT - 1
+                total[1] += a
+                total[2] += b
+            else:
+                padded = -(-c // CPU_ALIGNMENT) * CPU_ALIGNMENT
+                sizes.append(padded)
+                total[0] += padded
+    except _NotAffine:
+        return None
+    return _Program(tuple(walk.events), tuple(sizes), tuple(grows), (total[0], total[1], total[2]))
+
+
+def _run_best_fit(  # noqa: C901 - _Arena inlined: the hot loop
+    events: Sequence[int], sizes: Sequence[int]
+) -> int:
+    """_Arena over a compiled walk: its high-water mark. The same best fit and merging as
+    _Arena.alloc and _Arena.free, on two parallel lists of free blocks."""
+    offsets = [0] * len(sizes)
+    starts = [0]  # free blocks as _Arena keeps them; at first one, unbounded
+    lens = [1 << 62]
+    top = 0
+    for e in events:
+        if e >= 0:  # allocate: best fit among all but the last block, else the last
+            size = sizes[e]
+            best = len(starts) - 1
+            if best:
+                best_len = 1 << 63
+                for i in range(best):
+                    n = lens[i]
+                    if size <= n <= best_len:
+                        best, best_len = i, n
+            addr = starts[best]
+            offsets[e] = addr
+            left = lens[best] - size
+            if left:
+                starts[best] = addr + size
+                lens[best] = left
+            else:
+                del starts[best]
+                del lens[best]
+            if addr + size > top:  # noqa: PLR1730 - max() costs a call per allocation
+                top = addr + size
+            continue
+        slot = ~e  # free: merge with the block that ends here or starts after, else insert
+        offset = offsets[slot]
+        size = sizes[slot]
+        end = offset + size
+        for i, start in enumerate(starts):
+            if start + lens[i] == offset:
+                lens[i] += size
+                if i + 1 < len(starts) and start + lens[i] == starts[i + 1]:
+                    lens[i] += lens[i + 1]
+                    del starts[i + 1]
+                    del lens[i + 1]
+                break
+            if end == start:
+                starts[i] = offset
+                lens[i] += size
+                if i > 0 and starts[i - 1] + lens[i - 1] == offset:
+                    lens[i - 1] += lens[i]
+                    del starts[i]
+                    del lens[i]
+                break
+        else:  # before the first block at or above it (a freed empty tensor can follow the end)
+            i = 0
+            while i < len(starts) and starts[i] < offset:
+                i += 1
+            starts.insert(i, offset)
+            lens.insert(i, size)
+    return top
+
+
+_PROGRAMS: dict[tuple[object, ...], tuple[ModelMeta, _Program | None]] = {}
 
 
 def output_buffer_bytes(meta: ModelMeta, r: Resolved, *, embeddings: bool | None = None) -> int:

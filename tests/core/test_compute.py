@@ -338,3 +338,134 @@ def test_replaying_a_few_layers_gives_the_full_replays_bytes(
             assert short == full, (label, row)
             checked += 1
     assert checked > 300
+
+
+# --- the compiled walk against the plain build -------------------------------------------------
+
+# cells per stream tried for every sampled launch: below, at and far above the sliding
+# windows and the ubatches of the fixtures (multiples of 256, as the engine pads them)
+_CELLS_TRIED = (256, 768, 1280, 2816, 9984, 33024)
+
+
+def _at_cells(r: Resolved, cells: int) -> Resolved:
+    """The same launch with `cells` per KV stream."""
+    return dataclasses.replace(r, n_ctx_seq=cells, n_ctx=cells * (1 if r.kv_unified else r.n_seq))
+
+
+@pytest.mark.parametrize("model", sorted({row["model"] for row in _launches()}))
+def test_the_compiled_walk_gives_the_plain_builds_bytes(
+    model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """compute._reserve_bytes replays each graph structure's walk, compiled once, over the
+    context's tensor sizes; compute._reserve_bytes_plain builds and walks the graph for
+    every context. They must agree byte for byte, with a structure compiled at one context
+    and replayed at others, and every fixture structure must take the compiled path."""
+    import qmgui.core.compute as compute_mod
+
+    monkeypatch.setattr(compute_mod, "_PROGRAMS", {})
+    meta = _models()[model]
+    build, _ = compute_mod._layout(meta)
+    rows = _rows(model)[:: max(1, len(_rows(model)) // 8)]
+    checked = 0
+    for row in rows:
+        emb = row["embedding"] == "1"
+        base = _resolved(row)
+        for cells in (int(row["n_ctx_seq"]), *_CELLS_TRIED):
+            r = _at_cells(base, cells)
+            fast = compute_mod._reserve_bytes(meta, r, build, emb)
+            plain = compute_mod._reserve_bytes_plain(meta, r, build, emb)
+            assert fast == plain, (model, _describe(row), cells)
+            checked += 1
+    assert checked >= 7 * len(rows)
+    programs = compute_mod._PROGRAMS.values()
+    assert programs
+    assert all(prog is not None for _, prog in programs), "a structure fell back"
+    # the compiled structures were reused: far fewer than the contexts asked
+    assert len(programs) < checked
+
+
+def test_the_compiled_allocator_is_ggml_allocs_best_fit() -> None:
+    """compute._run_best_fit (the inlined allocator) against compute._Arena on random walks:
+    sizes of all kinds (zero, tiny, equal, large) allocated and freed in random orders."""
+    import random
+
+    import qmgui.core.compute as compute_mod
+
+    rng = random.Random(20240521)
+    for _ in range(400):
+        sizes: list[int] = []
+        events: list[int] = []
+        live: list[int] = []
+        for _step in range(rng.randrange(1, 120)):
+            if live and rng.random() < 0.45:
+                events.append(~live.pop(rng.randrange(len(live))))
+            else:
+                kind = rng.random()
+                if kind < 0.1:
+                    size = 0
+                elif kind < 0.4:
+                    size = 32 * rng.choice((1, 2, 4, 8, 64))
+                else:
+                    size = 32 * rng.randrange(1, 4096)
+                live.append(len(sizes))
+                events.append(len(sizes))
+                sizes.append(size)
+        arena = compute_mod._Arena(compute_mod.CPU_ALIGNMENT)
+        offsets: dict[int, int] = {}
+        for e in events:
+            if e >= 0:
+                offsets[e] = arena.alloc(sizes[e])
+            else:
+                arena.free(offsets[~e], sizes[~e])
+        assert compute_mod._run_best_fit(events, sizes) == arena.max_size, (events, sizes)
+
+
+def test_sizes_are_read_back_only_when_affine_in_the_cells() -> None:
+    import qmgui.core.compute as compute_mod
+
+    u, v = compute_mod._SYM_U, compute_mod._SYM_V
+    assert compute_mod._affine(7 + 3 * u + 5 * v) == (7, 3, 5)
+    assert compute_mod._affine(-7 + 3 * u - 5 * v) == (-7, 3, -5)
+    assert compute_mod._affine(4096) == (4096, 0, 0)
+    for not_affine in (u * u, 3 * u * u + u, u * v, v * v, 2 * u**3):
+        with pytest.raises(compute_mod._NotAffine):
+            compute_mod._affine(not_affine)
+
+
+def test_structures_a_context_could_change_fall_back_to_the_plain_build(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tensor whose size is not affine in the cells (n_kv x n_kv), or an in-place
+    decision that holds at some contexts only (a parent n_kv wide, its child n_kv_swa
+    wide), is not compiled: those structures are built and walked every time."""
+    import qmgui.core.compute as compute_mod
+
+    def quadratic(b: compute_mod._Builder) -> None:
+        g = b.g
+        square = g.op("scale", g.input("f32", b.d.n_kv, b.d.n_kv // 256))
+        g.expand(g.mul_mat(g.weight(square.ne[0], 8), square))
+
+    def flip(b: compute_mod._Builder) -> None:
+        g = b.g
+        wide = g.op("scale", g.input("f32", b.d.n_kv, 4))
+        child = g.op("add", wide, ne=(b.d.n_kv_swa, 4))
+        g.expand(g.mul_mat(g.weight(b.d.n_kv_swa, 8), child))
+
+    def affine(b: compute_mod._Builder) -> None:
+        g = b.g
+        wide = g.op("scale", g.input("f32", b.d.n_kv, 4))
+        g.expand(g.mul_mat(g.weight(b.d.n_kv, 8), g.op("add", wide, wide)))
+
+    monkeypatch.setattr(compute_mod, "_PROGRAMS", {})
+    meta = _models()["r-gemma3"]  # sliding window: n_kv_swa below n_kv at long contexts
+    row = next(r for r in _rows("r-gemma3") if r["swa_full"] == "0" and r["np"] == "1")
+    base = _resolved(row)
+    for build, compiled in ((quadratic, False), (flip, False), (affine, True)):
+        for cells in (256, 1024, 8192, 32768):
+            for swa_full in (False, True):  # True: both caches the same size
+                r = dataclasses.replace(_at_cells(base, cells), swa_full=swa_full)
+                fast = compute_mod._reserve_bytes(meta, r, build, False)
+                assert fast == compute_mod._reserve_bytes_plain(meta, r, build, False)
+        progs = [p for key, (_, p) in compute_mod._PROGRAMS.items() if build in key]
+        assert progs
+        assert all((p is not None) == compiled for p in progs), build.__name__
