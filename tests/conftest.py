@@ -8,6 +8,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from qmgui import notify
+
 
 @pytest.fixture(autouse=True)
 def _isolated_dirs(
@@ -21,6 +23,12 @@ def _isolated_dirs(
     for var in ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "OLLAMA_MODELS"):
         monkeypatch.delenv(var, raising=False)
     Path(base / "home").mkdir()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_notifier() -> None:
+    """Each test starts with no message history and no subscribers left by another."""
+    notify.notifier.clear()
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,6 @@ from typing import get_args
 
 import pytest
 
-from qmgui import notify
 from qmgui.cli import main
 from qmgui.core.backends import CLASSES, KINDS, Backend
 from qmgui.core.errors import SettingsError
@@ -57,11 +56,6 @@ def exe(tmp_path: Path) -> Path:
     path.write_text("#!/bin/sh\n", encoding="utf-8")
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return path
-
-
-@pytest.fixture(autouse=True)
-def _fresh_notifier() -> None:
-    notify.notifier.clear()
 
 
 # --- the round trip ---------------------------------------------------------------------------

@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 import yaml
 
-from qmgui import notify
 from qmgui.cli import main
 from qmgui.engines.llama_run import find_llama_server, free_port
 from qmgui.settings import Settings, save_settings
@@ -33,11 +32,6 @@ def run(*argv: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     code = main(["export", *argv], out=out, err=err)
     return code, out.getvalue(), err.getvalue()
-
-
-@pytest.fixture(autouse=True)
-def _fresh_notifier() -> None:
-    notify.notifier.clear()
 
 
 @pytest.fixture

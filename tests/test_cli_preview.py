@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from qmgui import notify
 from qmgui.cli import main
 from qmgui.core.discovery import entry_for_path
 from qmgui.engines.llama_run import find_llama_server
@@ -23,11 +22,6 @@ def run(*argv: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     code = main(["preview", *argv], out=out, err=err)
     return code, out.getvalue(), err.getvalue()
-
-
-@pytest.fixture(autouse=True)
-def _fresh_notifier() -> None:
-    notify.notifier.clear()
 
 
 @pytest.fixture
