@@ -1,0 +1,183 @@
+"""`qmgui serve`: run one model's engine under the supervisor until Ctrl-C.
+
+The command is built exactly as `qmgui preview` builds it (same flags, same backend
+resolution); the supervisor picks a free port unless `--port` names one. When the engine is
+ready this prints `ready <url>`, then what the plan predicted beside what the engine reports
+it allocated, per device. SIGINT or SIGTERM stops the engine (its whole process tree) and
+exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import threading
+from types import FrameType
+from typing import Any, TextIO
+
+from qmgui import notify
+from qmgui.cli.plan import add_plan_flags
+from qmgui.cli.preview import (
+    Resolver,
+    UsageError,
+    add_target_flags,
+    emit_model,
+    load_quietly,
+    request_from,
+)
+from qmgui.core.discovery import entry_for_path
+from qmgui.core.emit import EmitError
+from qmgui.core.errors import SizingError
+from qmgui.core.footprint import estimate
+from qmgui.core.readback import parse_llama_log
+from qmgui.core.units import format_bytes
+from qmgui.engines.registry import RunRegistry
+from qmgui.engines.supervisor import EngineSpec, State, Supervisor
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+SOURCE = "serve"
+PLACEHOLDER_PORT = 8080  # emitted, then replaced by the supervisor's port
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="run a model's engine until Ctrl-C, and compare its memory with the plan",
+        description="Start the engine for MODEL (the command `qmgui preview` shows), wait "
+        "until it is ready, print its URL and planned vs actual memory per device, and stop "
+        "it on Ctrl-C.",
+    )
+    p.add_argument("model", metavar="MODEL", help="a .gguf file or a Hugging Face folder")
+    add_plan_flags(p)
+    add_target_flags(p)
+    p.add_argument("--port", type=int, default=None, help="default: a free port")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.set_defaults(func=cmd_serve)
+
+
+def _compare(sup: Supervisor, entry: Any, req: Any) -> dict[str, Any]:
+    planned: list[dict[str, object]] = []
+    if entry.meta is not None and entry.format == "gguf":
+        try:
+            planned = [d.to_json() for d in estimate(entry.meta, req.settings, req.gpus).devices]
+        except SizingError as e:
+            notify.warning(f"no plan to compare with: {e}", source=SOURCE)
+    report = parse_llama_log(sup.log.text())
+    actual = [
+        {
+            "name": d.device,
+            "weights": d.model.bytes + d.repack.bytes,
+            "kv": d.kv.bytes + d.recurrent.bytes,
+            "compute": d.compute.bytes,
+            "output": d.output.bytes,
+            "total": d.total.bytes,
+        }
+        for d in report.devices
+    ]
+    return {"url": sup.url, "argv": list(sup.argv or ()), "planned": planned, "actual": actual}
+
+
+def _print_compare(data: dict[str, Any], out: TextIO) -> None:
+    cols = ("", "DEVICE", "WEIGHTS", "KV", "COMPUTE", "OUTPUT", "TOTAL")
+    rows: list[tuple[str, ...]] = [cols]
+    for label in ("planned", "actual"):
+        for d in data[label]:
+            rows.append(
+                (
+                    label,
+                    str(d["name"]),
+                    *(format_bytes(int(d[k])) for k in ("weights", "kv", "compute", "output")),
+                    format_bytes(int(d["total"])),
+                )
+            )
+    if not data["actual"]:
+        rows.append(("actual", "-", "the engine's log names no buffers", "", "", "", ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip(), file=out)
+
+
+def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        req = request_from(args, port=PLACEHOLDER_PORT, estimate=False)
+    except (ValueError, EmitError) as e:
+        notify.error(str(e), source=SOURCE)
+        return EXIT_USAGE
+    entry = entry_for_path(args.model)
+    if entry.meta is None:
+        notify.error(f"{args.model}: {entry.error or 'not a model'}", source=SOURCE)
+        return EXIT_USAGE
+    resolver = Resolver(
+        load_quietly(), backend_arg=args.backend, engine=args.engine, probe=not args.no_probe
+    )
+    try:
+        target = resolver.target(entry)
+        if isinstance(target, str):
+            notify.error(target, source=SOURCE)
+            return EXIT_FAILED
+        emitted = emit_model(entry, target, req, resolver.override(entry))
+    except (UsageError, EmitError, SizingError) as e:
+        notify.error(str(e), source=SOURCE)
+        return EXIT_USAGE
+    command = emitted.command
+    if not command.runnable:
+        for reason in command.warnings:
+            notify.error(reason, source=SOURCE)
+        return EXIT_FAILED
+    for warning in command.warnings:
+        notify.warning(warning, source=SOURCE)
+    argv = command.argv
+    if target.kind == "llama":
+        argv = (*argv, "-lv", "4")  # the buffer lines the comparison reads
+    spec = EngineSpec(
+        argv=argv,
+        kind=target.kind,
+        health_path=emitted.health,
+        port=args.port,
+        env=dict(command.env) or None,
+        model_bytes=entry.size_bytes,
+        downshift=target.kind == "llama" and args.ctx is None,
+        default_ctx=entry.meta.context_length if entry.meta else None,
+    )
+    return _run(Supervisor(spec, registry=RunRegistry()), entry, req, args.json, out)
+
+
+def _run(sup: Supervisor, entry: Any, req: Any, as_json: bool, out: TextIO) -> int:
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        sup.start()
+        while not stop.is_set() and not sup.wait_ready(0.1) and not sup.state.final:
+            pass
+        if sup.state == State.READY and not stop.is_set():
+            print(f"ready {sup.url}", file=out, flush=True)
+            data = _compare(sup, entry, req)
+            if as_json:
+                json.dump(data, out, indent=2)
+                out.write("\n")
+            else:
+                _print_compare(data, out)
+            out.flush()
+            while not stop.wait(0.2) and not sup.state.final:
+                pass
+        if sup.state.final and not stop.is_set():
+            outcome = sup.outcome
+            notify.error(
+                str(outcome), source=SOURCE, detail="\n".join(outcome.log_tail) if outcome else None
+            )
+            return EXIT_FAILED
+        outcome = sup.stop()
+        notify.info(str(outcome), source=SOURCE)
+        return EXIT_OK
+    finally:
+        if not sup.state.final:
+            sup.stop()
+        for s, h in handlers.items():
+            signal.signal(s, h)

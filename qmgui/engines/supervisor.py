@@ -1,0 +1,612 @@
+"""Run one engine and watch it: starting → loading → ready → stopping → stopped | crashed | failed.
+
+`Supervisor(spec).start()` resolves the executable (a missing one is an outcome, not an
+exception), picks a free port on 127.0.0.1 (retried when the engine says it is taken), starts
+the engine through a `Runner`, copies its output into a `LogSink` (ring buffer + rotating file)
+and polls its health endpoint every `poll_s` until it answers 2xx, or the engine exits, or the
+load deadline (a base plus seconds per GiB of model) passes. An out-of-memory load is retried
+at half the context (never below 4096) when `spec.downshift` allows it. Every end is an
+`Outcome` with a sentence the user can act on. `stop()` ends the whole process tree, gracefully
+first; nothing qmgui did not start is touched.
+
+Thread-safe. State callbacks run on the supervisor's threads (or the caller of `stop`), after
+its lock is released; a GUI marshals them to its own thread.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from qmgui import notify
+from qmgui.core.errors import EngineError
+from qmgui.core.readback import FailureKind, parse_llama_log
+from qmgui.engines import oom
+from qmgui.engines.health import Health, check_health
+from qmgui.engines.logs import LogSink, log_dir
+from qmgui.engines.ports import HOST, free_port, port_is_free
+from qmgui.engines.registry import RunEntry, RunRegistry
+from qmgui.engines.runner import Child, PopenRunner, Runner, process_identity, resolve_executable
+from qmgui.engines.runner import terminate_tree as _terminate_tree
+
+GIB = 1 << 30
+POLL_S = 0.05
+STOP_GRACE_S = 10.0
+LOAD_BASE_S = 30.0
+LOAD_PER_GIB_S = 10.0
+PORT_RETRIES = 3
+TAIL_LINES = 12
+READER_JOIN_S = 1.0
+_PORT_WORDS = ("address already in use", "couldn't bind", "exiting due to http server")
+_SOURCE = "engines"
+
+
+class State(str, enum.Enum):
+    IDLE = "idle"
+    STARTING = "starting"
+    LOADING = "loading"
+    READY = "ready"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    CRASHED = "crashed"
+    FAILED = "failed"
+
+    @property
+    def final(self) -> bool:
+        return self in (State.STOPPED, State.CRASHED, State.FAILED)
+
+
+class OutcomeKind(str, enum.Enum):
+    STOPPED = "stopped"
+    NOT_FOUND = "not_found"
+    NOT_EXECUTABLE = "not_executable"
+    START_FAILED = "start_failed"
+    PORT_TAKEN = "port_taken"
+    EXITED_DURING_LOAD = "exited_during_load"
+    OUT_OF_MEMORY = "out_of_memory"
+    NEVER_HEALTHY = "never_healthy"
+    KILLED_BY_SIGNAL = "killed_by_signal"
+    CRASHED = "crashed"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one engine run ended: a kind for code, a sentence for people."""
+
+    kind: OutcomeKind
+    message: str
+    returncode: int | None = None
+    log_tail: tuple[str, ...] = ()
+    log_path: str | None = None
+
+    def was_successful(self) -> bool:
+        return self.kind == OutcomeKind.STOPPED
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What to run. The port goes in as `{port}` in any argv token, else as `port_flag N`
+    (replacing one already there); the host likewise."""
+
+    argv: tuple[str, ...]
+    name: str = ""
+    kind: str = "llama"
+    health_path: str = "/health"
+    host: str = HOST
+    port: int | None = None  # None: a free one, retried when taken
+    port_flag: str | None = "--port"
+    host_flag: str | None = "--host"
+    env: Mapping[str, str] | None = None
+    model_bytes: int = 0
+    load_base_s: float = LOAD_BASE_S
+    load_per_gib_s: float = LOAD_PER_GIB_S
+    downshift: bool = False  # retry an out-of-memory load at a smaller context
+    default_ctx: int | None = None  # the context the engine uses when argv gives none
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "argv", tuple(self.argv))
+        if not self.argv:
+            raise EngineError("an engine needs a command to run")
+        if not self.name:
+            object.__setattr__(self, "name", Path(self.argv[0]).name)
+
+    @property
+    def load_timeout_s(self) -> float:
+        return self.load_base_s + self.load_per_gib_s * self.model_bytes / GIB
+
+
+def _set_flag(argv: list[str], flag: str, value: str) -> list[str]:
+    for i, tok in enumerate(argv):
+        if tok == flag and i + 1 < len(argv):
+            argv[i + 1] = value
+            return argv
+        if tok.startswith(flag + "="):
+            argv[i] = f"{flag}={value}"
+            return argv
+    return [*argv, flag, value]
+
+
+def launch_argv(spec: EngineSpec, argv: tuple[str, ...], port: int) -> tuple[str, ...]:
+    """`argv` with the host and port filled in."""
+    if any("{port}" in t for t in argv):
+        return tuple(t.replace("{port}", str(port)).replace("{host}", spec.host) for t in argv)
+    out = list(argv)
+    if spec.host_flag:
+        out = _set_flag(out, spec.host_flag, spec.host)
+    if spec.port_flag:
+        out = _set_flag(out, spec.port_flag, str(port))
+    return tuple(out)
+
+
+def _signal_name(n: int) -> str:
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
+
+
+StateCallback = Callable[["Supervisor", State], None]
+_ids = itertools.count(1)
+
+
+@dataclass
+class _Attempt:
+    child: Child
+    pid: int
+    create_time: float | None
+    port: int
+    argv: tuple[str, ...]
+    exited: threading.Event = field(default_factory=threading.Event)
+    returncode: int | None = None
+    reader: threading.Thread | None = None
+
+
+class Supervisor:
+    """One engine from start to its end."""
+
+    def __init__(
+        self,
+        spec: EngineSpec,
+        *,
+        runner: Runner | None = None,
+        registry: RunRegistry | None = None,
+        notifier: notify.Notifier | None = None,
+        logs: Path | None = None,
+        poll_s: float = POLL_S,
+        stop_grace_s: float = STOP_GRACE_S,
+        stop_signal: int = signal.SIGTERM,
+        ring_lines: int = 2000,
+        on_state: StateCallback | None = None,
+    ) -> None:
+        self.spec = spec
+        self._runner: Runner = runner or PopenRunner()
+        self._registry = registry
+        self._notifier = notifier
+        self._poll_s = poll_s
+        self._stop_grace_s = stop_grace_s
+        self._stop_signal = stop_signal
+        self._lock = threading.Lock()
+        self._spawn_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._final = threading.Event()
+        self._ready = threading.Event()
+        self._state = State.IDLE
+        self._outcome: Outcome | None = None
+        self._attempt: _Attempt | None = None
+        self._closing = False  # someone is ending the process: the monitor or stop()
+        self._monitor: threading.Thread | None = None
+        self._callbacks: dict[int, StateCallback] = {}
+        self._tokens = itertools.count()
+        self.downshifts: list[tuple[int, int]] = []  # (from, to) contexts
+        if on_state is not None:
+            self.subscribe(on_state)
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        folder = log_dir() if logs is None else logs
+        path = folder / f"{spec.name}-{stamp}-{next(_ids)}.log"
+        try:
+            self.log = LogSink(path, ring_lines=ring_lines)
+        except OSError:
+            self.log = LogSink(None, ring_lines=ring_lines)  # a log file is not worth failing
+
+    # -- observation ---------------------------------------------------------------------
+
+    @property
+    def state(self) -> State:
+        with self._lock:
+            return self._state
+
+    @property
+    def outcome(self) -> Outcome | None:
+        with self._lock:
+            return self._outcome
+
+    @property
+    def port(self) -> int | None:
+        with self._lock:
+            return self._attempt.port if self._attempt else None
+
+    @property
+    def pid(self) -> int | None:
+        with self._lock:
+            return self._attempt.pid if self._attempt else None
+
+    @property
+    def argv(self) -> tuple[str, ...] | None:
+        """The argv running now (with its port and any downshifted context)."""
+        with self._lock:
+            return self._attempt.argv if self._attempt else None
+
+    @property
+    def url(self) -> str | None:
+        port = self.port
+        return None if port is None else f"http://{self.spec.host}:{port}"
+
+    def subscribe(self, callback: StateCallback) -> Callable[[], None]:
+        with self._lock:
+            token = next(self._tokens)
+            self._callbacks[token] = callback
+
+        def unsubscribe() -> None:
+            with self._lock:
+                self._callbacks.pop(token, None)
+
+        return unsubscribe
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """True once ready; False when it ended first or `timeout` passed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._ready.is_set():
+                return self.state == State.READY
+            if self._final.is_set():
+                return False
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            self._wake_any(left)
+
+    def _wake_any(self, left: float | None) -> None:
+        step = 0.02 if left is None else min(0.02, left)
+        self._ready.wait(step)
+
+    def wait(self, timeout: float | None = None) -> Outcome | None:
+        """The outcome once the engine ended, or None when `timeout` passed."""
+        self._final.wait(timeout)
+        return self.outcome
+
+    # -- state ---------------------------------------------------------------------------
+
+    def _set_state(self, state: State, outcome: Outcome | None = None) -> None:
+        with self._lock:
+            if self._state.final or self._state == state:
+                return
+            self._state = state
+            if outcome is not None:
+                self._outcome = outcome
+            callbacks = list(self._callbacks.values())
+            attempt = self._attempt
+        if state == State.READY:
+            self._ready.set()
+        if state.final:
+            self.log.close()
+            if self._registry is not None and attempt is not None:
+                self._registry.remove(attempt.pid)
+            self._final.set()
+            self._ready.set()
+        for cb in callbacks:
+            try:
+                cb(self, state)
+            except Exception:
+                notify.notifier.error(
+                    f"an engine state listener failed on {state.value}", source=_SOURCE
+                )
+
+    def _fail(self, kind: OutcomeKind, message: str, rc: int | None = None) -> None:
+        tail = tuple(self.log.tail(TAIL_LINES))
+        outcome = Outcome(kind, message, rc, tail, str(self.log.path) if self.log.path else None)
+        final = State.CRASHED if self._ready.is_set() else State.FAILED
+        self._set_state(final, outcome)
+
+    def _say(self, text: str) -> None:
+        (self._notifier or notify.notifier).info(text, source=_SOURCE)
+
+    # -- start ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the engine and return at once; follow `state`, `wait_ready` or callbacks.
+        A missing executable or a taken port ends in FAILED with its outcome."""
+        with self._lock:
+            if self._state != State.IDLE:
+                raise EngineError(f"{self.spec.name} was already started")
+        self._set_state(State.STARTING)
+        exe, why = resolve_executable(self.spec.argv[0], self.spec.env)
+        if exe is None:
+            kind = (
+                OutcomeKind.NOT_FOUND
+                if "not found" in why or "does not exist" in why
+                else (OutcomeKind.NOT_EXECUTABLE)
+            )
+            self._fail(kind, f"{self.spec.name} cannot start: {why}.")
+            return
+        if self.spec.port is not None and not port_is_free(self.spec.port, self.spec.host):
+            self._fail(
+                OutcomeKind.PORT_TAKEN,
+                f"port {self.spec.port} on {self.spec.host} is already in use; choose another "
+                "port or stop what listens there.",
+            )
+            return
+        self._monitor = threading.Thread(
+            target=self._run, args=((exe, *self.spec.argv[1:]),), name=f"qmgui-{self.spec.name}"
+        )
+        self._monitor.daemon = True
+        self._monitor.start()
+
+    def _spawn(self, argv: tuple[str, ...]) -> _Attempt | None:
+        port = self.spec.port if self.spec.port is not None else free_port(self.spec.host)
+        full = launch_argv(self.spec, argv, port)
+        self.log.write_line(f"# qmgui: {' '.join(full)}")
+        with self._spawn_lock:  # stop() reads the attempt under it: no spawn slips past
+            with self._lock:
+                if self._closing:
+                    return None
+            try:
+                child = self._runner.spawn(full, self.spec.env)
+            except OSError as e:
+                self._fail(
+                    OutcomeKind.START_FAILED,
+                    f"{self.spec.name} could not start: {e.strerror or e}.",
+                )
+                return None
+            attempt = _Attempt(child, child.pid, process_identity(child.pid), port, full)
+            with self._lock:
+                self._attempt = attempt
+        if self._registry is not None and attempt.create_time is not None:
+            try:
+                self._registry.record(RunEntry(attempt.pid, attempt.create_time, full, port))
+            except EngineError as e:
+                notify.notifier.warning(str(e), source=_SOURCE)
+        attempt.reader = threading.Thread(target=self._read, args=(child,), daemon=True)
+        attempt.reader.start()
+        threading.Thread(target=self._reap, args=(attempt,), daemon=True).start()
+        return attempt
+
+    def _read(self, child: Child) -> None:
+        stream = child.stdout
+        if stream is None:
+            return
+        try:
+            for raw in iter(stream.readline, b""):
+                self.log.write_line(raw.decode("utf-8", errors="replace"))
+        except (OSError, ValueError):
+            pass
+        finally:
+            stream.close()
+
+    def _reap(self, attempt: _Attempt) -> None:
+        attempt.returncode = attempt.child.wait()
+        attempt.exited.set()
+        self._wake.set()
+
+    # -- the monitor thread --------------------------------------------------------------
+
+    def _run(self, argv: tuple[str, ...]) -> None:
+        port_tries = 0
+        while True:
+            attempt = self._spawn(argv)
+            if attempt is None:
+                return
+            self._set_state(State.LOADING)
+            verdict = self._watch_load(attempt)
+            if verdict == "ready":
+                self._set_state(State.READY)
+                self._watch_ready(attempt)
+                return
+            if verdict in ("stopping", "ended"):
+                return
+            retry = self._after_load_exit(attempt, port_tries)
+            if retry is None:
+                return
+            argv, port_tries = retry
+            with self._lock:
+                if self._closing:
+                    return
+                self._state = State.STARTING  # a restart; LOADING follows the spawn
+
+    def _watch_load(self, attempt: _Attempt) -> str:
+        deadline = time.monotonic() + self.spec.load_timeout_s
+        while True:
+            self._wake.wait(self._poll_s)
+            self._wake.clear()
+            with self._lock:
+                if self._closing:
+                    return "stopping"
+            if attempt.exited.is_set():
+                return "exited"
+            if check_health(self.spec.host, attempt.port, self.spec.health_path) == Health.READY:
+                return "ready"
+            if time.monotonic() >= deadline:
+                if not self._claim():
+                    return "stopping"
+                self._kill(attempt, grace_s=0.5)
+                self._fail(
+                    OutcomeKind.NEVER_HEALTHY,
+                    f"{self.spec.name} did not become ready within "
+                    f"{self.spec.load_timeout_s:.0f} s (its {self.spec.health_path} never "
+                    "answered OK); it was stopped. Check its log, or allow more time for a "
+                    "large model.",
+                )
+                return "ended"
+
+    def _claim(self) -> bool:
+        with self._lock:
+            if self._closing:
+                return False
+            self._closing = True
+            return True
+
+    def _kill(self, attempt: _Attempt, *, grace_s: float) -> None:
+        _terminate_tree(
+            attempt.pid,
+            create_time=attempt.create_time,
+            grace_s=grace_s,
+            sig=self._stop_signal,
+            wait_root=attempt.exited.wait,
+        )
+        if attempt.reader is not None:
+            attempt.reader.join(READER_JOIN_S)
+
+    def _watch_ready(self, attempt: _Attempt) -> None:
+        while not attempt.exited.wait(1.0):
+            with self._lock:
+                if self._closing:
+                    return
+        if not self._claim():
+            return
+        if attempt.reader is not None:
+            attempt.reader.join(READER_JOIN_S)
+        rc = attempt.returncode
+        self._kill(attempt, grace_s=0)  # whatever it left behind in its group
+        if rc is not None and rc < 0:
+            self._fail(
+                OutcomeKind.KILLED_BY_SIGNAL,
+                f"{self.spec.name} was killed by {_signal_name(-rc)} after it was ready.",
+                rc,
+            )
+        else:
+            self._fail(
+                OutcomeKind.CRASHED,
+                f"{self.spec.name} exited with status {rc} after it was ready; see its log.",
+                rc,
+            )
+
+    def _after_load_exit(
+        self, attempt: _Attempt, port_tries: int
+    ) -> tuple[tuple[str, ...], int] | None:
+        """An exit while loading: a new argv to retry with, or None (the outcome is set)."""
+        if attempt.reader is not None:
+            attempt.reader.join(READER_JOIN_S)
+        with self._lock:
+            if self._closing:
+                return None
+        text = self.log.text()
+        report = parse_llama_log(text)
+        kinds = report.failure_kinds()
+        rc = attempt.returncode
+        base = self._base_argv(attempt)
+        lowered = text.lower()
+        port_taken = FailureKind.PORT in kinds or any(w in lowered for w in _PORT_WORDS)
+        if port_taken:
+            if self.spec.port is None and port_tries + 1 < PORT_RETRIES:
+                self.log.write_line(f"# qmgui: port {attempt.port} was taken; another one")
+                return base, port_tries + 1
+            self._fail(
+                OutcomeKind.PORT_TAKEN,
+                f"{self.spec.name} could not listen on port {attempt.port}: it is in use; "
+                "choose another port or stop what listens there.",
+                rc,
+            )
+            return None
+        oom_kill = rc == -signal.SIGKILL
+        if FailureKind.OUT_OF_MEMORY in kinds or oom_kill:
+            return self._downshift(
+                base, rc, killed=oom_kill and FailureKind.OUT_OF_MEMORY not in kinds
+            )
+        if rc is not None and rc < 0:
+            self._fail(
+                OutcomeKind.KILLED_BY_SIGNAL,
+                f"{self.spec.name} was killed by {_signal_name(-rc)} while loading the model.",
+                rc,
+            )
+            return None
+        why = next((f.message for f in report.failures), None)
+        last = why or next((ln for ln in reversed(self.log.tail()) if ln.strip()), "")
+        self._fail(
+            OutcomeKind.EXITED_DURING_LOAD,
+            f"{self.spec.name} exited with status {rc} while loading the model"
+            + (f": {last}" if last else ".")
+            + " See its log for more.",
+            rc,
+        )
+        return None
+
+    def _base_argv(self, attempt: _Attempt) -> tuple[str, ...]:
+        return attempt.argv
+
+    def _downshift(
+        self, argv: tuple[str, ...], rc: int | None, *, killed: bool
+    ) -> tuple[tuple[str, ...], int] | None:
+        ctx = oom.ctx_of(argv) or self.spec.default_ctx
+        smaller = oom.next_ctx(ctx) if self.spec.downshift else None
+        cause = (
+            "was killed by SIGKILL while loading, most likely by the system's out-of-memory killer"
+            if killed
+            else "ran out of memory while loading the model"
+        )
+        if smaller is None or ctx is None:
+            hint = (
+                "the context is pinned; lower it, or offload fewer layers (-ngl)"
+                if not self.spec.downshift
+                else f"the context is already at the floor ({oom.MIN_CTX})"
+                if ctx is not None
+                else "offload fewer layers (-ngl) or pick a smaller quantisation"
+            )
+            self._fail(OutcomeKind.OUT_OF_MEMORY, f"{self.spec.name} {cause}; {hint}.", rc)
+            return None
+        self.downshifts.append((ctx, smaller))
+        self._say(f"{self.spec.name} {cause} at context {ctx}; restarting it at context {smaller}.")
+        return oom.with_ctx(argv, smaller), 0
+
+    # -- stop ----------------------------------------------------------------------------
+
+    def stop(self, grace_s: float | None = None) -> Outcome:
+        """End the engine and its whole process tree: the stop signal, then SIGKILL after
+        `grace_s`; bounded. Returns the outcome (the earlier one when it had already ended)."""
+        if not self._claim():
+            self._final.wait(2 * (grace_s or self._stop_grace_s) + 10)
+            outcome = self.outcome
+            if outcome is None:
+                raise EngineError(f"{self.spec.name} did not finish stopping")
+            return outcome
+        self._set_state(State.STOPPING)
+        self._wake.set()
+        with self._spawn_lock, self._lock:
+            attempt = self._attempt
+        killed = False
+        if attempt is not None:
+            _terminate_tree(
+                attempt.pid,
+                create_time=attempt.create_time,
+                grace_s=self._stop_grace_s if grace_s is None else grace_s,
+                sig=self._stop_signal,
+                wait_root=attempt.exited.wait,
+            )
+            killed = attempt.returncode == -signal.SIGKILL
+            if attempt.reader is not None:
+                attempt.reader.join(READER_JOIN_S)
+        if self._monitor is not None and self._monitor is not threading.current_thread():
+            self._monitor.join(READER_JOIN_S + 1)
+        message = f"{self.spec.name} was stopped" + (
+            " (it ignored the stop signal and was killed)." if killed else "."
+        )
+        outcome = Outcome(
+            OutcomeKind.STOPPED,
+            message,
+            attempt.returncode if attempt else None,
+            tuple(self.log.tail(TAIL_LINES)),
+            str(self.log.path) if self.log.path else None,
+        )
+        self._set_state(State.STOPPED, outcome)
+        return self.outcome or outcome
+
+
+__all__ = ["EngineSpec", "Outcome", "OutcomeKind", "State", "Supervisor", "launch_argv"]

@@ -1,0 +1,126 @@
+"""The supervisor with the real llama-server and a tiny synthetic model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from qmgui.engines.llama_run import find_llama_server
+from qmgui.engines.supervisor import EngineSpec, OutcomeKind, State, Supervisor
+
+BINARY = find_llama_server()
+pytestmark = pytest.mark.skipif(BINARY is None, reason="llama-server not found")
+ARGS = ("-c", "512", "--no-warmup", "-fit", "off", "-np", "1")
+
+
+@pytest.fixture(autouse=True)
+def _dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QMGUI_LOG_DIR", str(tmp_path / "logs"))
+    monkeypatch.setenv("QMGUI_STATE_DIR", str(tmp_path / "state"))
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.synth.factory import PRESETS, write_gguf
+
+    return write_gguf(tmp_path_factory.mktemp("models") / "llama.gguf", PRESETS["llama"])
+
+
+def spec(model: Path) -> EngineSpec:
+    assert BINARY is not None
+    return EngineSpec(argv=(BINARY, "--model", str(model), *ARGS), model_bytes=model.stat().st_size)
+
+
+def _tree(pid: int) -> list[int]:
+    p = psutil.Process(pid)
+    return [pid, *(c.pid for c in p.children(recursive=True))]
+
+
+def test_start_ready_models_stop(model: Path) -> None:
+    sup = Supervisor(spec(model))
+    sup.start()
+    assert sup.wait_ready(30), sup.outcome
+    assert sup.state == State.READY
+    with urllib.request.urlopen(f"{sup.url}/v1/models", timeout=5) as r:
+        data = json.load(r)
+    assert data["data"], data
+    assert sup.pid is not None
+    pids = _tree(sup.pid)
+    out = sup.stop()
+    assert out.was_successful(), out
+    assert not any(psutil.pid_exists(p) for p in pids)
+
+
+def test_sigkill_is_seen_as_crashed_within_a_second(model: Path) -> None:
+    sup = Supervisor(spec(model))
+    sup.start()
+    assert sup.wait_ready(30), sup.outcome
+    assert sup.pid is not None
+    os.kill(sup.pid, signal.SIGKILL)
+    t = time.monotonic()
+    out = sup.wait(1.0)
+    assert time.monotonic() - t < 1.0
+    assert out is not None and out.kind == OutcomeKind.KILLED_BY_SIGNAL
+    assert sup.state == State.CRASHED
+
+
+def test_two_engines_side_by_side(model: Path) -> None:
+    a, b = Supervisor(spec(model)), Supervisor(spec(model))
+    a.start()
+    b.start()
+    try:
+        assert a.wait_ready(30), a.outcome
+        assert b.wait_ready(30), b.outcome
+        assert a.port != b.port
+        for s in (a, b):
+            with urllib.request.urlopen(f"{s.url}/health", timeout=5) as r:
+                assert r.status == 200
+    finally:
+        assert a.stop().was_successful()
+        assert b.stop().was_successful()
+
+
+def test_bad_model_exits_during_load(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf at all" * 10)
+    sup = Supervisor(spec(bad))
+    sup.start()
+    out = sup.wait(30)
+    assert out is not None and out.kind == OutcomeKind.EXITED_DURING_LOAD, out
+    assert out.log_tail
+
+
+def test_qmgui_serve_prints_ready_and_exits_on_sigint(model: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qmgui", "serve", str(model), "-c", "512", "--no-probe", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "QMGUI_TEST_LLAMA_SERVER": str(BINARY)},
+    )
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        assert first.startswith("ready http://127.0.0.1:"), (first, proc.stderr)
+        engines = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0, err
+        data = json.loads(rest)
+        assert data["planned"] and data["actual"]
+        assert data["actual"][0]["name"] == "CPU"
+        assert not any(psutil.pid_exists(p) for p in engines)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
