@@ -3,8 +3,11 @@
 The command is built exactly as `qmgui preview` builds it (same flags, same backend
 resolution); the supervisor picks a free port unless `--port` names one. When the engine is
 ready this prints `ready <url>`, then what the plan predicted beside what the engine reports
-it allocated, per device. SIGINT or SIGTERM stops the engine (its whole process tree) and
-exits 0.
+it allocated, per device, and what NVML says the engine's processes hold per GPU when there
+is a reading. The differences (actual − planned per buffer kind) are recorded in the residual
+store (`qmgui.engines.residuals`). Engines an earlier run left running are listed at start
+(`qmgui engines` stops or adopts them). SIGINT or SIGTERM stops the engine (its whole process
+tree) and exits 0.
 """
 
 from __future__ import annotations
@@ -29,11 +32,13 @@ from qmgui.cli.preview import (
 from qmgui.core.discovery import entry_for_path
 from qmgui.core.emit import EmitError
 from qmgui.core.errors import SizingError
-from qmgui.core.footprint import estimate
+from qmgui.core.footprint import Footprint, estimate
 from qmgui.core.readback import parse_llama_log
 from qmgui.core.units import format_bytes
 from qmgui.engines.registry import RunRegistry
+from qmgui.engines.residuals import ResidualStore, engine_pids, readback
 from qmgui.engines.supervisor import EngineSpec, State, Supervisor
+from qmgui.hw.nvml import read_nvml
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -58,13 +63,32 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_serve)
 
 
-def _compare(sup: Supervisor, entry: Any, req: Any) -> dict[str, Any]:
-    planned: list[dict[str, object]] = []
-    if entry.meta is not None and entry.format == "gguf":
+def _plan(entry: Any, req: Any) -> Footprint | None:
+    if entry.meta is None or entry.format != "gguf":
+        return None
+    try:
+        return estimate(entry.meta, req.settings, req.gpus)
+    except SizingError as e:
+        notify.warning(f"no plan to compare with: {e}", source=SOURCE)
+        return None
+
+
+def _nvml_processes(sup: Supervisor, fp: Footprint | None) -> list[dict[str, object]]:
+    """Readback with residuals: record them, and return NVML's per-process GPU figures."""
+    text = sup.log.text()
+    plan = fp or Footprint(settings=None, n_gpu_layers=0, layer_devices=(), devices=())  # type: ignore[arg-type]
+    rb = readback(text, plan, read_nvml(), pids=engine_pids(sup.pid))
+    if fp is not None and rb.comparable:
         try:
-            planned = [d.to_json() for d in estimate(entry.meta, req.settings, req.gpus).devices]
-        except SizingError as e:
-            notify.warning(f"no plan to compare with: {e}", source=SOURCE)
+            ResidualStore().record(rb)
+        except OSError as e:
+            notify.warning(f"the memory residuals could not be recorded: {e}", source=SOURCE)
+    return [p.to_json() for p in rb.processes]
+
+
+def _compare(sup: Supervisor, entry: Any, req: Any) -> dict[str, Any]:
+    fp = _plan(entry, req)
+    planned: list[dict[str, object]] = [d.to_json() for d in fp.devices] if fp else []
     report = parse_llama_log(sup.log.text())
     actual = [
         {
@@ -77,7 +101,13 @@ def _compare(sup: Supervisor, entry: Any, req: Any) -> dict[str, Any]:
         }
         for d in report.devices
     ]
-    return {"url": sup.url, "argv": list(sup.argv or ()), "planned": planned, "actual": actual}
+    return {
+        "url": sup.url,
+        "argv": list(sup.argv or ()),
+        "planned": planned,
+        "actual": actual,
+        "nvml": _nvml_processes(sup, fp),
+    }
 
 
 def _print_compare(data: dict[str, Any], out: TextIO) -> None:
@@ -98,6 +128,28 @@ def _print_compare(data: dict[str, Any], out: TextIO) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip(), file=out)
+    for p in data.get("nvml", []):
+        used = p["used_bytes"]
+        held = "an amount NVML cannot say" if used is None else format_bytes(int(used))
+        print(
+            f"nvml: pid {p['pid']} holds {held} on GPU {p['gpu_index']} ({p['gpu_name']})", file=out
+        )
+
+
+def _list_survivors(registry: RunRegistry) -> None:
+    """Say which engines an earlier run left running, and how to stop them."""
+    try:
+        survivors = registry.survivors()
+    except Exception as e:  # the registry is advisory: never a reason not to serve
+        notify.warning(f"the run registry could not be read: {e}", source=SOURCE)
+        return
+    for s in survivors:
+        where = f"port {s.port}" if s.port is not None else "no known port"
+        notify.warning(
+            f"an engine from an earlier run still runs: pid {s.pid} ({where}): "
+            f"{' '.join(s.argv[:3])}…; stop it with `qmgui engines stop {s.pid}`",
+            source=SOURCE,
+        )
 
 
 def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
@@ -142,7 +194,9 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
         downshift=target.kind == "llama" and args.ctx is None,
         default_ctx=entry.meta.context_length if entry.meta else None,
     )
-    return _run(Supervisor(spec, registry=RunRegistry()), entry, req, args.json, out)
+    registry = RunRegistry()
+    _list_survivors(registry)
+    return _run(Supervisor(spec, registry=registry), entry, req, args.json, out)
 
 
 def _run(sup: Supervisor, entry: Any, req: Any, as_json: bool, out: TextIO) -> int:

@@ -9,12 +9,19 @@ at half the context (never below 4096) when `spec.downshift` allows it. Every en
 `Outcome` with a sentence the user can act on. `stop()` ends the whole process tree, gracefully
 first; nothing qmgui did not start is touched.
 
+A crash after ready is restarted when `spec.max_restarts` allows it, after an exponential
+backoff (`restart_base_s` doubling, capped at `restart_max_s`), each restart announced through
+the notifier; the final outcome says how many restarts happened. With `spec.idle_ttl_s` the
+engine is stopped once no activity was marked (`touch()`, e.g. by a proxy) for that long since
+it became ready or was last touched.
+
 Thread-safe. State callbacks run on the supervisor's threads (or the caller of `stop`), after
 its lock is released; a GUI marshals them to its own thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import itertools
 import signal
@@ -44,6 +51,9 @@ LOAD_PER_GIB_S = 10.0
 PORT_RETRIES = 3
 TAIL_LINES = 12
 READER_JOIN_S = 1.0
+RESTART_BASE_S = 1.0
+RESTART_MAX_S = 60.0
+READY_POLL_S = 1.0
 _PORT_WORDS = ("address already in use", "couldn't bind", "exiting due to http server")
 _SOURCE = "engines"
 
@@ -74,6 +84,7 @@ class OutcomeKind(str, enum.Enum):
     NEVER_HEALTHY = "never_healthy"
     KILLED_BY_SIGNAL = "killed_by_signal"
     CRASHED = "crashed"
+    IDLE = "idle"  # stopped by qmgui after its idle limit
 
 
 @dataclass(frozen=True)
@@ -85,9 +96,11 @@ class Outcome:
     returncode: int | None = None
     log_tail: tuple[str, ...] = ()
     log_path: str | None = None
+    restarts: int = 0  # crash restarts that happened before this end
+    idle_s: float | None = None  # for IDLE: how long it had been idle
 
     def was_successful(self) -> bool:
-        return self.kind == OutcomeKind.STOPPED
+        return self.kind in (OutcomeKind.STOPPED, OutcomeKind.IDLE)
 
     def __str__(self) -> str:
         return self.message
@@ -112,13 +125,25 @@ class EngineSpec:
     load_per_gib_s: float = LOAD_PER_GIB_S
     downshift: bool = False  # retry an out-of-memory load at a smaller context
     default_ctx: int | None = None  # the context the engine uses when argv gives none
+    max_restarts: int = 0  # crash restarts after ready; 0: off
+    restart_base_s: float = RESTART_BASE_S  # the first backoff; doubles per restart
+    restart_max_s: float = RESTART_MAX_S  # the backoff's cap
+    idle_ttl_s: float | None = None  # stop after this long without activity; None: never
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "argv", tuple(self.argv))
         if not self.argv:
             raise EngineError("an engine needs a command to run")
+        if self.max_restarts < 0 or self.restart_base_s < 0 or self.restart_max_s < 0:
+            raise EngineError("restart limits cannot be negative")
+        if self.idle_ttl_s is not None and self.idle_ttl_s <= 0:
+            raise EngineError("an idle limit must be positive")
         if not self.name:
             object.__setattr__(self, "name", Path(self.argv[0]).name)
+
+    def restart_delay_s(self, n: int) -> float:
+        """The wait before restart number `n` (1-based)."""
+        return float(min(self.restart_max_s, self.restart_base_s * 2 ** max(0, n - 1)))
 
     @property
     def load_timeout_s(self) -> float:
@@ -146,6 +171,15 @@ def launch_argv(spec: EngineSpec, argv: tuple[str, ...], port: int) -> tuple[str
     if spec.port_flag:
         out = _set_flag(out, spec.port_flag, str(port))
     return tuple(out)
+
+
+def idle_words(seconds: float) -> str:
+    """Idle times in minutes: "5 minutes", "1 minute", "0.5 minutes"."""
+    minutes = seconds / 60
+    if minutes >= 1:
+        n = round(minutes)
+        return f"{n} minute" if n == 1 else f"{n} minutes"
+    return f"{minutes:.2g} minutes"
 
 
 def _signal_name(n: int) -> str:
@@ -208,6 +242,10 @@ class Supervisor:
         self._callbacks: dict[int, StateCallback] = {}
         self._tokens = itertools.count()
         self.downshifts: list[tuple[int, int]] = []  # (from, to) contexts
+        self.restarts = 0  # crash restarts so far
+        self._ever_ready = False
+        self._stop_requested = threading.Event()
+        self._last_activity = time.monotonic()
         if on_state is not None:
             self.subscribe(on_state)
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -250,6 +288,17 @@ class Supervisor:
     def url(self) -> str | None:
         port = self.port
         return None if port is None else f"http://{self.spec.host}:{port}"
+
+    def touch(self) -> None:
+        """Mark request activity now (a proxy calls it per request): resets the idle timer."""
+        with self._lock:
+            self._last_activity = time.monotonic()
+
+    @property
+    def idle_s(self) -> float:
+        """Seconds since it became ready or was last touched."""
+        with self._lock:
+            return time.monotonic() - self._last_activity
 
     def subscribe(self, callback: StateCallback) -> Callable[[], None]:
         with self._lock:
@@ -296,6 +345,9 @@ class Supervisor:
             callbacks = list(self._callbacks.values())
             attempt = self._attempt
         if state == State.READY:
+            with self._lock:
+                self._ever_ready = True
+                self._last_activity = time.monotonic()
             self._ready.set()
         if state.final:
             self.log.close()
@@ -313,8 +365,15 @@ class Supervisor:
 
     def _fail(self, kind: OutcomeKind, message: str, rc: int | None = None) -> None:
         tail = tuple(self.log.tail(TAIL_LINES))
-        outcome = Outcome(kind, message, rc, tail, str(self.log.path) if self.log.path else None)
-        final = State.CRASHED if self._ready.is_set() else State.FAILED
+        with self._lock:
+            restarts, ever_ready = self.restarts, self._ever_ready
+        if restarts:
+            times = "once" if restarts == 1 else f"{restarts} times"
+            message += f" It had been restarted {times} after crashing; qmgui gave up."
+        outcome = Outcome(
+            kind, message, rc, tail, str(self.log.path) if self.log.path else None, restarts
+        )
+        final = State.CRASHED if ever_ready else State.FAILED
         self._set_state(final, outcome)
 
     def _say(self, text: str) -> None:
@@ -409,8 +468,11 @@ class Supervisor:
             verdict = self._watch_load(attempt)
             if verdict == "ready":
                 self._set_state(State.READY)
-                self._watch_ready(attempt)
-                return
+                if not self._watch_ready(attempt):
+                    return
+                argv = self._base_argv(attempt)
+                port_tries = 0
+                continue
             if verdict in ("stopping", "ended"):
                 return
             retry = self._after_load_exit(attempt, port_tries)
@@ -465,16 +527,29 @@ class Supervisor:
         if attempt.reader is not None:
             attempt.reader.join(READER_JOIN_S)
 
-    def _watch_ready(self, attempt: _Attempt) -> None:
-        while not attempt.exited.wait(1.0):
+    def _watch_ready(self, attempt: _Attempt) -> bool:
+        """Watch a ready engine until it ends; True when it crashed and is to be restarted
+        (the backoff waited, the state back at STARTING)."""
+        ttl = self.spec.idle_ttl_s
+        while True:
+            step = READY_POLL_S
+            if ttl is not None:
+                step = min(step, max(0.01, ttl - self.idle_s))
+            if attempt.exited.wait(step):
+                break
             with self._lock:
                 if self._closing:
-                    return
-        if not self._claim():
-            return
+                    return False
+            if ttl is not None and self.idle_s >= ttl:
+                self._stop_idle(attempt)
+                return False
         if attempt.reader is not None:
             attempt.reader.join(READER_JOIN_S)
         rc = attempt.returncode
+        if self._restart_after_crash(attempt):
+            return True
+        if not self._claim():
+            return False
         self._kill(attempt, grace_s=0)  # whatever it left behind in its group
         if rc is not None and rc < 0:
             self._fail(
@@ -488,6 +563,54 @@ class Supervisor:
                 f"{self.spec.name} exited with status {rc} after it was ready; see its log.",
                 rc,
             )
+        return False
+
+    def _crash_words(self, rc: int | None) -> str:
+        if rc is not None and rc < 0:
+            return f"was killed by {_signal_name(-rc)}"
+        return f"exited with status {rc}"
+
+    def _restart_after_crash(self, attempt: _Attempt) -> bool:
+        with self._lock:
+            if self._closing or self.restarts >= self.spec.max_restarts:
+                return False
+            self.restarts += 1
+            n = self.restarts
+        with contextlib.suppress(EngineError):
+            self._kill(attempt, grace_s=0)  # leftovers in its group
+        if self._registry is not None:
+            with contextlib.suppress(EngineError):
+                self._registry.remove(attempt.pid)
+        delay = self.spec.restart_delay_s(n)
+        self.log.write_line(f"# qmgui: crashed ({attempt.returncode}); restart {n} in {delay:g} s")
+        self._say(
+            f"{self.spec.name} {self._crash_words(attempt.returncode)} after it was ready; "
+            f"restarting it in {delay:g} s (restart {n} of {self.spec.max_restarts})."
+        )
+        self._ready.clear()
+        self._set_state(State.STARTING)
+        if self._stop_requested.wait(delay):
+            return False  # stop() ends it
+        with self._lock:
+            return not self._closing
+
+    def _stop_idle(self, attempt: _Attempt) -> None:
+        if not self._claim():
+            return
+        idle = self.idle_s
+        self._set_state(State.STOPPING)
+        self._kill(attempt, grace_s=self._stop_grace_s)
+        outcome = Outcome(
+            OutcomeKind.IDLE,
+            f"{self.spec.name} was stopped after {idle_words(idle)} idle (no requests); "
+            "start it again when you need it.",
+            attempt.returncode,
+            tuple(self.log.tail(TAIL_LINES)),
+            str(self.log.path) if self.log.path else None,
+            self.restarts,
+            idle,
+        )
+        self._set_state(State.STOPPED, outcome)
 
     def _after_load_exit(
         self, attempt: _Attempt, port_tries: int
@@ -578,6 +701,7 @@ class Supervisor:
                 raise EngineError(f"{self.spec.name} did not finish stopping")
             return outcome
         self._set_state(State.STOPPING)
+        self._stop_requested.set()
         self._wake.set()
         with self._spawn_lock, self._lock:
             attempt = self._attempt
@@ -604,9 +728,18 @@ class Supervisor:
             attempt.returncode if attempt else None,
             tuple(self.log.tail(TAIL_LINES)),
             str(self.log.path) if self.log.path else None,
+            self.restarts,
         )
         self._set_state(State.STOPPED, outcome)
         return self.outcome or outcome
 
 
-__all__ = ["EngineSpec", "Outcome", "OutcomeKind", "State", "Supervisor", "launch_argv"]
+__all__ = [
+    "EngineSpec",
+    "Outcome",
+    "OutcomeKind",
+    "State",
+    "Supervisor",
+    "idle_words",
+    "launch_argv",
+]

@@ -71,6 +71,37 @@ def test_sigkill_is_seen_as_crashed_within_a_second(model: Path) -> None:
     assert sup.state == State.CRASHED
 
 
+def test_real_engine_is_restarted_after_a_crash(model: Path) -> None:
+    from qmgui.notify import Notifier
+
+    notes = Notifier()
+    sup = Supervisor(
+        EngineSpec(
+            argv=spec(model).argv,
+            model_bytes=model.stat().st_size,
+            max_restarts=1,
+            restart_base_s=0.1,
+        ),
+        notifier=notes,
+    )
+    sup.start()
+    try:
+        assert sup.wait_ready(30), sup.outcome
+        first = sup.pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while (sup.pid == first or sup.state != State.READY) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sup.state == State.READY and sup.pid != first and sup.restarts == 1
+        with urllib.request.urlopen(f"{sup.url}/health", timeout=5) as r:
+            assert r.status == 200
+        assert "restart 1 of 1" in notes.history[0].text
+    finally:
+        out = sup.stop()
+    assert out.was_successful() and out.restarts == 1
+
+
 def test_two_engines_side_by_side(model: Path) -> None:
     a, b = Supervisor(spec(model)), Supervisor(spec(model))
     a.start()
@@ -106,7 +137,11 @@ def test_qmgui_serve_prints_ready_and_exits_on_sigint(model: Path, tmp_path: Pat
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "QMGUI_TEST_LLAMA_SERVER": str(BINARY)},
+        env={
+            **os.environ,
+            "QMGUI_TEST_LLAMA_SERVER": str(BINARY),
+            "QMGUI_STATE_DIR": str(tmp_path / "state"),
+        },
     )
     try:
         assert proc.stdout is not None
@@ -119,6 +154,10 @@ def test_qmgui_serve_prints_ready_and_exits_on_sigint(model: Path, tmp_path: Pat
         data = json.loads(rest)
         assert data["planned"] and data["actual"]
         assert data["actual"][0]["name"] == "CPU"
+        assert data["nvml"] == []  # no NVIDIA GPU here: no per-process figure
+        stored = json.loads((tmp_path / "state" / "residuals.json").read_text())
+        [entry] = stored["entries"].values()
+        assert entry["samples"] == 1 and set(entry["mean"]) >= {"weights", "kv", "compute"}
         assert not any(psutil.pid_exists(p) for p in engines)
     finally:
         if proc.poll() is None:

@@ -1,0 +1,350 @@
+"""Planned vs actual memory per device after a launch, and a store of the differences.
+
+`readback(log_text, footprint, nvml)` lines the plan (`core.footprint.estimate`) up with what
+the engine's log says it allocated (`core.readback.parse_llama_log`), per device: the planned
+GPUs in order map to the engine's GPU devices in order (`CUDA0`, `CUDA1`, `Vulkan0`…), the host
+row is `CPU` on both sides. With an NVML reading and the engine's pids (`engine_pids`: the
+engine and its descendants) each row of the i-th planned GPU also carries the bytes NVML says
+those processes hold on NVML GPU i, and `processes` lists every such figure.
+
+`ResidualStore` keeps actual − planned per buffer kind (summed over the matched devices), keyed
+by machine (hostname), engine build and model architecture, as a running mean, in
+`residuals.json` under the run registry's state folder. It is written atomically; a file that
+cannot be read is moved aside and reported. The sizing code may read a correction with
+`read_residuals` (it does not yet).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from qmgui import notify
+from qmgui.core.footprint import CPU, DeviceFootprint, Footprint
+from qmgui.core.readback import DeviceReport, EngineReport, parse_llama_log
+from qmgui.engines.registry import state_dir
+from qmgui.hw.nvml import NvmlReading
+
+FILE_NAME = "residuals.json"
+VERSION = 1
+KINDS = ("weights", "kv", "compute", "output")
+_SOURCE = "engines"
+_INDEX = re.compile(r"(\d+)$")
+
+
+def _planned(d: DeviceFootprint) -> dict[str, int]:
+    return {
+        "weights": d.weights,
+        "kv": d.kv + d.recurrent,
+        "compute": d.compute,
+        "output": d.output,
+    }
+
+
+def _actual(d: DeviceReport) -> dict[str, int]:
+    return {
+        "weights": d.model.bytes + d.repack.bytes,
+        "kv": d.kv.bytes + d.recurrent.bytes,
+        "compute": d.compute.bytes,
+        "output": d.output.bytes,
+    }
+
+
+@dataclass(frozen=True)
+class ProcessGpu:
+    """Memory NVML says one of the engine's processes holds on one GPU."""
+
+    gpu_index: int
+    gpu_name: str
+    pid: int
+    used_bytes: int | None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "gpu_index": self.gpu_index,
+            "gpu_name": self.gpu_name,
+            "pid": self.pid,
+            "used_bytes": self.used_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class DeviceRow:
+    """One device: the plan's name, the engine's, both breakdowns (None when one side has no
+    such device) and, for a GPU, what NVML says the engine's processes hold there."""
+
+    name: str
+    engine_device: str | None
+    planned: Mapping[str, int] | None
+    actual: Mapping[str, int] | None
+    nvml_bytes: int | None = None
+
+    @property
+    def residual(self) -> dict[str, int] | None:
+        """actual − planned per buffer kind, when both sides exist."""
+        if self.planned is None or self.actual is None:
+            return None
+        return {k: self.actual.get(k, 0) - self.planned.get(k, 0) for k in KINDS}
+
+    def to_json(self) -> dict[str, object]:
+        def total(m: Mapping[str, int] | None) -> int | None:
+            return None if m is None else sum(m.values())
+
+        return {
+            "name": self.name,
+            "engine_device": self.engine_device,
+            "planned": None
+            if self.planned is None
+            else {**self.planned, "total": total(self.planned)},
+            "actual": None if self.actual is None else {**self.actual, "total": total(self.actual)},
+            "residual": self.residual,
+            "nvml_bytes": self.nvml_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class Readback:
+    rows: tuple[DeviceRow, ...]
+    processes: tuple[ProcessGpu, ...] = ()
+    build: str | None = None  # "b1234-abcdef0", from the log
+    architecture: str | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    def residuals(self) -> dict[str, int]:
+        """actual − planned per buffer kind, summed over the devices both sides have."""
+        out = dict.fromkeys(KINDS, 0)
+        for row in self.rows:
+            for k, v in (row.residual or {}).items():
+                out[k] += v
+        return out
+
+    @property
+    def comparable(self) -> bool:
+        return any(r.residual is not None for r in self.rows)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "build": self.build,
+            "architecture": self.architecture,
+            "devices": [r.to_json() for r in self.rows],
+            "residuals": self.residuals() if self.comparable else None,
+            "nvml_processes": [p.to_json() for p in self.processes],
+            "notes": list(self.notes),
+        }
+
+
+def engine_pids(pid: int | None) -> frozenset[int]:
+    """`pid` and its descendants now (an engine may put its GPU work in a child)."""
+    if pid is None:
+        return frozenset()
+    try:
+        root = psutil.Process(pid)
+        return frozenset({pid, *(c.pid for c in root.children(recursive=True))})
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return frozenset({pid})
+
+
+def _gpu_order(name: str) -> tuple[int, str]:
+    m = _INDEX.search(name)
+    return (int(m.group(1)) if m else 1 << 30, name)
+
+
+def _build_key(report: EngineReport) -> str | None:
+    if report.build is None:
+        return None
+    return f"b{report.build.number}-{report.build.commit}"
+
+
+def readback(
+    log_text: str,
+    footprint: Footprint,
+    nvml: NvmlReading | None = None,
+    *,
+    pids: Iterable[int] = (),
+) -> Readback:
+    """Planned vs actual per device; see the module text for the mapping."""
+    report = parse_llama_log(log_text)
+    planned_gpus = [d for d in footprint.devices if d.name != CPU]
+    engine_gpus = sorted(
+        (d for d in report.devices if d.device != CPU), key=lambda d: _gpu_order(d.device)
+    )
+    notes: list[str] = []
+    if len(planned_gpus) != len(engine_gpus) and report.devices:
+        notes.append(
+            f"the plan has {len(planned_gpus)} GPU(s) and the engine reported "
+            f"{len(engine_gpus)}; devices are matched in order"
+        )
+    wanted = frozenset(pids)
+    processes: list[ProcessGpu] = []
+    per_gpu: dict[int, int] = {}
+    if nvml is not None and nvml.ok and wanted:
+        for gpu in nvml.gpus:
+            for p in gpu.processes:
+                if p.pid in wanted:
+                    processes.append(ProcessGpu(gpu.index, gpu.name, p.pid, p.used_bytes))
+                    if p.used_bytes is not None:
+                        per_gpu[gpu.index] = per_gpu.get(gpu.index, 0) + p.used_bytes
+    rows: list[DeviceRow] = []
+    for i in range(max(len(planned_gpus), len(engine_gpus))):
+        plan = planned_gpus[i] if i < len(planned_gpus) else None
+        eng = engine_gpus[i] if i < len(engine_gpus) else None
+        name = plan.name if plan is not None else eng.device if eng is not None else "?"
+        rows.append(
+            DeviceRow(
+                name,
+                eng.device if eng is not None else None,
+                _planned(plan) if plan is not None else None,
+                _actual(eng) if eng is not None else None,
+                per_gpu.get(i),
+            )
+        )
+    host_plan = next((d for d in footprint.devices if d.name == CPU), None)
+    host_eng = report.device(CPU)
+    if host_plan is not None or host_eng is not None:
+        rows.append(
+            DeviceRow(
+                CPU,
+                CPU if host_eng is not None else None,
+                _planned(host_plan) if host_plan is not None else None,
+                _actual(host_eng) if host_eng is not None else None,
+            )
+        )
+    return Readback(
+        tuple(rows), tuple(processes), _build_key(report), report.architecture, tuple(notes)
+    )
+
+
+def machine_name() -> str:
+    return socket.gethostname() or "unknown"
+
+
+def _key(machine: str, build: str | None, architecture: str | None) -> str:
+    return f"{machine}|{build or 'unknown'}|{architecture or 'unknown'}"
+
+
+class ResidualStore:
+    """Thread-safe; every change is written atomically."""
+
+    def __init__(
+        self, path: Path | None = None, *, notifier: notify.Notifier | None = None
+    ) -> None:
+        self.path = path or state_dir() / FILE_NAME
+        self._notifier = notifier
+        self._lock = threading.Lock()
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            data: Any = json.loads(self.path.read_text(encoding="utf-8"))
+            entries = data["entries"]
+            if not isinstance(entries, dict):
+                raise TypeError("entries is not an object")
+            return entries
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            aside = self.path.with_name(
+                f"{self.path.name}.bad-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
+            )
+            with contextlib.suppress(OSError):
+                os.replace(self.path, aside)
+            (self._notifier or notify.notifier).warning(
+                f"the memory residual store {self.path} could not be read ({type(e).__name__}); "
+                f"it was moved to {aside} and a new one is started",
+                source=_SOURCE,
+            )
+            return {}
+
+    def _write(self, entries: Mapping[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = {"version": VERSION, "entries": entries}
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".residuals-", suffix=".json")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(data, f, indent=1, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    def record(self, result: Readback, *, machine: str | None = None) -> dict[str, Any] | None:
+        """Fold `result`'s residuals into the running mean of its key; the new entry, or None
+        when there was nothing to compare (no device on both sides). OSError when it cannot
+        be written."""
+        if not result.comparable:
+            return None
+        machine = machine or machine_name()
+        key = _key(machine, result.build, result.architecture)
+        residuals = result.residuals()
+        with self._lock:
+            entries = self._read()
+            old = entries.get(key) or {}
+            n = int(old.get("samples", 0)) if isinstance(old, dict) else 0
+            mean = old.get("mean", {}) if isinstance(old, dict) else {}
+            new_mean = {
+                k: round((float(mean.get(k, 0)) * n + residuals[k]) / (n + 1)) for k in KINDS
+            }
+            entry = {
+                "machine": machine,
+                "build": result.build,
+                "architecture": result.architecture,
+                "samples": n + 1,
+                "mean": new_mean,
+                "last": residuals,
+                "updated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            }
+            entries[key] = entry
+            self._write(entries)
+        return entry
+
+    def read(
+        self, *, build: str | None, architecture: str | None, machine: str | None = None
+    ) -> dict[str, int] | None:
+        """The mean actual − planned bytes per buffer kind for this key, or None."""
+        with self._lock:
+            entry = self._read().get(_key(machine or machine_name(), build, architecture))
+        if not isinstance(entry, dict):
+            return None
+        mean = entry.get("mean")
+        if not isinstance(mean, dict):
+            return None
+        return {k: int(mean.get(k, 0)) for k in KINDS}
+
+
+def read_residuals(
+    *,
+    build: str | None,
+    architecture: str | None,
+    machine: str | None = None,
+    path: Path | None = None,
+) -> dict[str, int] | None:
+    """A correction for the sizing code: mean actual − planned per buffer kind, or None."""
+    return ResidualStore(path).read(build=build, architecture=architecture, machine=machine)
+
+
+__all__ = [
+    "KINDS",
+    "DeviceRow",
+    "ProcessGpu",
+    "Readback",
+    "ResidualStore",
+    "engine_pids",
+    "machine_name",
+    "read_residuals",
+    "readback",
+]
