@@ -93,10 +93,11 @@ def _compare(sup: Supervisor, entry: Any, req: Any) -> dict[str, Any]:
     actual = [
         {
             "name": d.device,
-            "weights": d.model.bytes + d.repack.bytes,
+            "weights": d.model.bytes,
             "kv": d.kv.bytes + d.recurrent.bytes,
             "compute": d.compute.bytes,
             "output": d.output.bytes,
+            "other": d.repack.bytes,
             "total": d.total.bytes,
         }
         for d in report.devices
@@ -111,7 +112,7 @@ def _compare(sup: Supervisor, entry: Any, req: Any) -> dict[str, Any]:
 
 
 def _print_compare(data: dict[str, Any], out: TextIO) -> None:
-    cols = ("", "DEVICE", "WEIGHTS", "KV", "COMPUTE", "OUTPUT", "TOTAL")
+    cols = ("", "DEVICE", "WEIGHTS", "KV", "COMPUTE", "OUTPUT", "OTHER", "TOTAL")
     rows: list[tuple[str, ...]] = [cols]
     for label in ("planned", "actual"):
         for d in data[label]:
@@ -119,12 +120,15 @@ def _print_compare(data: dict[str, Any], out: TextIO) -> None:
                 (
                     label,
                     str(d["name"]),
-                    *(format_bytes(int(d[k])) for k in ("weights", "kv", "compute", "output")),
+                    *(
+                        format_bytes(int(d.get(k, 0)))
+                        for k in ("weights", "kv", "compute", "output", "other")
+                    ),
                     format_bytes(int(d["total"])),
                 )
             )
     if not data["actual"]:
-        rows.append(("actual", "-", "the engine's log names no buffers", "", "", "", ""))
+        rows.append(("actual", "-", "the engine's log names no buffers", "", "", "", "", ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip(), file=out)

@@ -40,7 +40,9 @@ from qmgui.hw.nvml import NvmlReading
 
 FILE_NAME = "residuals.json"
 VERSION = 1
-KINDS = ("weights", "kv", "compute", "output")
+# "other" on the host is the plan's bound on repacked weight copies and the engine's repack
+# buffers (AMX, CPU_REPACK), so weights compare the mapped span with the mapped span
+KINDS = ("weights", "kv", "compute", "output", "other")
 _SOURCE = "engines"
 _INDEX = re.compile(r"(\d+)$")
 
@@ -51,15 +53,17 @@ def _planned(d: DeviceFootprint) -> dict[str, int]:
         "kv": d.kv + d.recurrent,
         "compute": d.compute,
         "output": d.output,
+        "other": d.other,
     }
 
 
 def _actual(d: DeviceReport) -> dict[str, int]:
     return {
-        "weights": d.model.bytes + d.repack.bytes,
+        "weights": d.model.bytes,
         "kv": d.kv.bytes + d.recurrent.bytes,
         "compute": d.compute.bytes,
         "output": d.output.bytes,
+        "other": d.repack.bytes,
     }
 
 

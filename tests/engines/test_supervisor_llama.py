@@ -163,3 +163,35 @@ def test_qmgui_serve_prints_ready_and_exits_on_sigint(model: Path, tmp_path: Pat
         if proc.poll() is None:
             proc.kill()
             proc.wait(5)
+
+
+def test_readback_matches_the_plan(model: Path) -> None:
+    """What the running engine logged equals the plan: weights, KV and output to the engine's
+    0.01 MiB print precision, compute within [measured, +5%]."""
+    from qmgui.core.footprint import estimate
+    from qmgui.core.gguf_header import read_gguf_header
+    from qmgui.core.launch import LaunchSettings
+    from qmgui.core.meta import meta_from_gguf
+    from qmgui.engines.residuals import readback
+
+    assert BINARY is not None
+    sup = Supervisor(
+        EngineSpec(
+            argv=(BINARY, "--model", str(model), *ARGS, "-lv", "4", "-nr"),
+            model_bytes=model.stat().st_size,
+        )
+    )
+    sup.start()
+    try:
+        assert sup.wait_ready(30), sup.outcome
+        meta = meta_from_gguf(read_gguf_header(model), file_name=model.name)
+        plan = estimate(meta, LaunchSettings(ctx_size=512, parallel=1, repack=False))
+        rb = readback(sup.log.text(), plan)
+    finally:
+        sup.stop()
+    (cpu,) = [row for row in rb.rows if row.name == "CPU"]
+    precision = 5243  # bytes: half of 0.01 MiB, the engine prints %.2f MiB
+    for kind in ("weights", "kv", "output", "other"):
+        assert abs(cpu.residual[kind]) <= precision, (kind, cpu.planned, cpu.actual)
+    # residual = actual - planned: never planned below the engine, at most 5% above it
+    assert -0.05 * cpu.actual["compute"] - precision <= cpu.residual["compute"] <= precision

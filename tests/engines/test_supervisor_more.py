@@ -157,12 +157,24 @@ def test_readback_maps_devices_and_nvml_processes() -> None:
     names = [(r.name, r.engine_device) for r in rb.rows]
     assert names == [("GPU0", "CUDA0"), ("GPU1", "CUDA1"), ("CPU", "CPU")]
     gpu0 = rb.rows[0]
-    assert gpu0.residual == {"weights": 10 * MIB, "kv": 0, "compute": 0, "output": 0}
-    assert rb.rows[1].residual == {"weights": 0, "kv": 0, "compute": -2 * MIB, "output": 0}
+    assert gpu0.residual == {"weights": 10 * MIB, "kv": 0, "compute": 0, "output": 0, "other": 0}
+    assert rb.rows[1].residual == {
+        "weights": 0,
+        "kv": 0,
+        "compute": -2 * MIB,
+        "output": 0,
+        "other": 0,
+    }
     assert gpu0.nvml_bytes == 19327352832
     assert rb.rows[1].nvml_bytes == 21474836480 and rb.rows[2].nvml_bytes is None
     assert [(p.gpu_index, p.pid) for p in rb.processes] == [(0, 40211), (1, 40211)]
-    assert rb.residuals() == {"weights": 10 * MIB, "kv": 0, "compute": -2 * MIB, "output": 0}
+    assert rb.residuals() == {
+        "weights": 10 * MIB,
+        "kv": 0,
+        "compute": -2 * MIB,
+        "output": 0,
+        "other": 0,
+    }
     assert rb.build == "b4242-abc1234" and rb.architecture == "llama"
     json.dumps(rb.to_json())
     assert readback(LOG, _footprint(), nvml).processes == ()  # no pids, no figure
@@ -176,7 +188,7 @@ def test_residual_store_means_and_reads(tmp_path: Path) -> None:
     entry = store.record(rb, machine="box")
     assert entry is not None and entry["samples"] == 2
     got = read_residuals(build="b4242-abc1234", architecture="llama", machine="box")
-    assert got == {"weights": 10 * MIB, "kv": 0, "compute": -2 * MIB, "output": 0}
+    assert got == {"weights": 10 * MIB, "kv": 0, "compute": -2 * MIB, "output": 0, "other": 0}
     assert read_residuals(build="b1", architecture="llama", machine="box") is None
     assert not list((tmp_path / "state").glob(".residuals-*"))  # no temp files left
 
