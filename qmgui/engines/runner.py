@@ -3,7 +3,10 @@
 Tests substitute a fake runner to inject faults a real engine cannot be made to produce.
 `PopenRunner` puts each child in its own process group and, on Linux, asks the kernel to
 SIGKILL it when qmgui dies (`PR_SET_PDEATHSIG`). That signal fires when the *thread* that
-forked the child ends, so every spawn runs on one long-lived spawner thread.
+forked the child ends, so every spawn runs on one long-lived spawner thread. On Windows each
+child joins a Job Object created with KILL_ON_JOB_CLOSE: when qmgui's handle to the job closes
+(qmgui exits or is killed) Windows ends every process in it. (The Windows path cannot run on
+the Linux machines the tests run on; it is written to the documented Win32 API.)
 
 `terminate_tree` ends a child and every descendant: it lists them with psutil before sending
 anything, signals gracefully, kills what lingers and bounds the reap.
@@ -57,7 +60,7 @@ class Runner(Protocol):
 def _death_signal_preexec(parent: int) -> None:
     """In the child before exec: die with the parent (Linux)."""
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    libc.prctl(PR_SET_PDEATHSIG, getattr(signal, "SIGKILL", 9), 0, 0, 0)
     if os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(1)
 
@@ -66,8 +69,79 @@ def _death_signal_preexec(parent: int) -> None:
 _spawner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="qmgui-spawn")
 
 
+if sys.platform == "win32":
+    from ctypes import wintypes
+
+    _JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE = 0x2000
+    _JOB_OBJECT_EXTENDED_LIMIT_INFORMATION = 9  # JOBOBJECTINFOCLASS value
+
+    class _BasicLimits(ctypes.Structure):
+        _fields_ = (
+            ("PerProcessUserTimeLimit", ctypes.c_int64),
+            ("PerJobUserTimeLimit", ctypes.c_int64),
+            ("LimitFlags", wintypes.DWORD),
+            ("MinimumWorkingSetSize", ctypes.c_size_t),
+            ("MaximumWorkingSetSize", ctypes.c_size_t),
+            ("ActiveProcessLimit", wintypes.DWORD),
+            ("Affinity", ctypes.c_size_t),
+            ("PriorityClass", wintypes.DWORD),
+            ("SchedulingClass", wintypes.DWORD),
+        )
+
+    class _IoCounters(ctypes.Structure):
+        _fields_ = tuple(
+            (n, ctypes.c_uint64)
+            for n in (
+                "ReadOperationCount",
+                "WriteOperationCount",
+                "OtherOperationCount",
+                "ReadTransferCount",
+                "WriteTransferCount",
+                "OtherTransferCount",
+            )
+        )
+
+    class _ExtendedLimits(ctypes.Structure):
+        _fields_ = (
+            ("BasicLimitInformation", _BasicLimits),
+            ("IoInfo", _IoCounters),
+            ("ProcessMemoryLimit", ctypes.c_size_t),
+            ("JobMemoryLimit", ctypes.c_size_t),
+            ("PeakProcessMemoryUsed", ctypes.c_size_t),
+            ("PeakJobMemoryUsed", ctypes.c_size_t),
+        )
+
+    _job: dict[str, int] = {}
+
+    def _kill_on_close_job() -> int:
+        """One job for the app's life; Windows kills its processes when the handle closes."""
+        if "handle" not in _job:
+            k32 = ctypes.WinDLL("kernel32", use_last_error=True)
+            handle = k32.CreateJobObjectW(None, None)
+            if not handle:
+                raise OSError(ctypes.get_last_error(), "CreateJobObjectW failed")
+            info = _ExtendedLimits()
+            info.BasicLimitInformation.LimitFlags = _JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE
+            if not k32.SetInformationJobObject(
+                handle,
+                _JOB_OBJECT_EXTENDED_LIMIT_INFORMATION,
+                ctypes.byref(info),
+                ctypes.sizeof(info),
+            ):
+                raise OSError(ctypes.get_last_error(), "SetInformationJobObject failed")
+            _job["handle"] = int(handle)
+        return _job["handle"]
+
+    def _join_job(proc: subprocess.Popen[bytes]) -> None:
+        """Best effort: a child that cannot join still runs, it just may outlive a crash."""
+        with contextlib.suppress(OSError, AttributeError):
+            k32 = ctypes.WinDLL("kernel32", use_last_error=True)
+            k32.AssignProcessToJobObject(_kill_on_close_job(), int(proc._handle))  # type: ignore[attr-defined]
+
+
 class PopenRunner:
-    """Real processes: own process group, die-with-parent on Linux."""
+    """Real processes: own process group, die with qmgui (Linux: parent-death signal;
+    Windows: a kill-on-close Job Object)."""
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str] | None) -> Child:
         return _spawner.submit(self._popen, list(argv), env).result()
@@ -81,6 +155,17 @@ class PopenRunner:
             def preexec() -> None:
                 _death_signal_preexec(parent)
 
+        if sys.platform == "win32":
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                creationflags=subprocess.CREATE_NEW_PROCESS_GROUP,
+                env=None if env is None else {**os.environ, **env},
+            )
+            _join_job(proc)
+            return proc
         return subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -172,9 +257,11 @@ def terminate_tree(
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
             p.kill()
             killed += 1
-    # helpers that left the tree but stayed in the group go too
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
+    # helpers that left the tree but stayed in the group go too (POSIX process groups;
+    # on Windows the psutil tree above and the Job Object cover them)
+    if sys.platform != "win32":
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
     _, still = psutil.wait_procs(alive, timeout=reap_s)
     if not root_done(reap_s):
         raise EngineError(f"process {pid} did not die after SIGKILL")

@@ -43,6 +43,9 @@ from qmgui.engines.registry import RunEntry, RunRegistry
 from qmgui.engines.runner import Child, PopenRunner, Runner, process_identity, resolve_executable
 from qmgui.engines.runner import terminate_tree as _terminate_tree
 
+# SIGKILL's number (Windows has no SIGKILL; a child killed there reports another code)
+_SIGKILL = getattr(signal, "SIGKILL", 9)
+
 GIB = 1 << 30
 POLL_S = 0.05
 STOP_GRACE_S = 10.0
@@ -639,7 +642,7 @@ class Supervisor:
                 rc,
             )
             return None
-        oom_kill = rc == -signal.SIGKILL
+        oom_kill = rc == -_SIGKILL
         if FailureKind.OUT_OF_MEMORY in kinds or oom_kill:
             return self._downshift(
                 base, rc, killed=oom_kill and FailureKind.OUT_OF_MEMORY not in kinds
@@ -714,7 +717,7 @@ class Supervisor:
                 sig=self._stop_signal,
                 wait_root=attempt.exited.wait,
             )
-            killed = attempt.returncode == -signal.SIGKILL
+            killed = attempt.returncode == -_SIGKILL
             if attempt.reader is not None:
                 attempt.reader.join(READER_JOIN_S)
         if self._monitor is not None and self._monitor is not threading.current_thread():
