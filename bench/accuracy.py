@@ -52,7 +52,7 @@ TIMEOUT_S = 60.0
 EXACT_BUFFERS = ("model", "kv", "recurrent", "output")
 BUFFERS = (*EXACT_BUFFERS, "compute")
 PREDICTED_FIELD = {
-    "other": "other",  # host: the upper bound on repacked weight copies
+    "repack_bound": "repack_bound",  # host: the upper bound on repacked weight copies
     "model": "weights",
     "kv": "kv",
     "recurrent": "recurrent",
@@ -426,7 +426,7 @@ def run_case(
         # the plan must still bound both: the span, and span + copies
         span_ok = predicted["model"] >= cpu["model"]["bytes"]
         total = cpu["model"]["bytes"] + cpu["repack"]["bytes"]
-        if span_ok and predicted["model"] + predicted.get("other", 0) >= total:
+        if span_ok and predicted["model"] + predicted.get("repack_bound", 0) >= total:
             verdicts["model"] = "bound"
     if not report.loaded:
         verdicts = dict.fromkeys(BUFFERS, "n/a")
@@ -635,7 +635,7 @@ def render_markdown(result: MatrixResult, *, command: str) -> str:
         "[measured, measured x 1.05]. `-` = nothing predicted (no footprint module, or it "
         "raised); repacked weight copies (AMX) are listed apart and not in `model`. With",
         "repacking on, `model` is `ok (bound)` when the plan bounds both the mapped span and",
-        "span + copies (the plan charges every CPU matmul weight as a possible copy).",
+        "span + copies (the plan reports every CPU matmul weight as a possible copy).",
         "",
         "| buffer | pass | upper bound | fail | not compared |",
         "|---|---|---|---|---|",

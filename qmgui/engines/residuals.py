@@ -40,8 +40,8 @@ from qmgui.hw.nvml import NvmlReading
 
 FILE_NAME = "residuals.json"
 VERSION = 1
-# "other" on the host is the plan's bound on repacked weight copies and the engine's repack
-# buffers (AMX, CPU_REPACK), so weights compare the mapped span with the mapped span
+# "other" compares the plan's bound on repacked weight copies with the engine's repack buffers
+# (AMX, CPU_REPACK), so "weights" compares the mapped span with the mapped span
 KINDS = ("weights", "kv", "compute", "output", "other")
 _SOURCE = "engines"
 _INDEX = re.compile(r"(\d+)$")
@@ -53,7 +53,7 @@ def _planned(d: DeviceFootprint) -> dict[str, int]:
         "kv": d.kv + d.recurrent,
         "compute": d.compute,
         "output": d.output,
-        "other": d.other,
+        "other": d.repack_bound,
     }
 
 
