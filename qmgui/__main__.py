@@ -1,14 +1,40 @@
-"""`python -m qmgui` and the `qmgui` command."""
+"""`python -m qmgui` and the `qmgui` command: the window when there is a display (or with
+`--screenshot`), the command-line tools otherwise and whenever a command is named."""
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Sequence
+
+WINDOW_FLAGS = ("--screenshot", "--models", "--what-if", "--select", "--size")
 
 
-def main() -> int:
+def display_available(env: dict[str, str] | None = None, platform: str | None = None) -> bool:
+    """A window can be shown: an X11 or Wayland display, a Qt platform named, or Windows/macOS."""
+    env = dict(os.environ) if env is None else env
+    platform = platform or sys.platform
+    if any(env.get(k) for k in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")):
+        return True
+    return platform in ("win32", "darwin")
+
+
+def wants_window(argv: Sequence[str], *, display: bool) -> bool:
+    """No arguments with a display, or the window's own flags (`--screenshot` works anywhere)."""
+    if not argv:
+        return display
+    return any(a.split("=", 1)[0] in WINDOW_FLAGS for a in argv) and argv[0].startswith("--")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if wants_window(args, display=display_available()):
+        from qmgui.app import run  # noqa: PLC0415 - Qt loads only for the window
+
+        return run(args)
     from qmgui.cli import main as cli_main  # noqa: PLC0415 - keeps `--help` fast
 
-    return cli_main(sys.argv[1:])
+    return cli_main(args)
 
 
 if __name__ == "__main__":

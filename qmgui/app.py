@@ -1,0 +1,186 @@
+"""The desktop application: builds the QApplication and the main window, and the
+`--screenshot` mode that saves a PNG of the window once its scan and plan are shown."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from PySide6.QtCore import QObject, Qt, QTimer
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QApplication
+
+from qmgui import __version__, notify
+from qmgui.settings import LoadResult, Settings, load_settings
+from qmgui.ui.main_window import MainWindow
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+SCREENSHOT_TIMEOUT_S = 120.0
+POLL_MS = 50
+SETTLED_POLLS = 4  # the window must stay settled this many polls in a row before the shot
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="qmgui",
+        description="Start the qmgui window (with no arguments), or save a screenshot of it. "
+        "The command-line tools are `qmgui scan|plan|preview|export|…` (qmgui --help).",
+    )
+    p.add_argument("--screenshot", metavar="FILE", help="save a PNG of the window and exit")
+    p.add_argument("--models", metavar="DIR", help="use DIR as the only model root (no settings "
+                   "are written)")  # fmt: skip
+    p.add_argument("--what-if", dest="what_if", metavar="PROFILE",
+                   help='plan for this hardware, e.g. "2× RTX 3090", 4090, 2x24GiB')  # fmt: skip
+    p.add_argument("--select", metavar="NAME", help="select the first model whose name has NAME")
+    p.add_argument("--size", default="1280x800", metavar="WxH", help="window size (1280x800)")
+    p.add_argument("--ctx", type=int, default=None, metavar="N",
+                   help="with --select: plan the selected model at N tokens")  # fmt: skip
+    return p
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    try:
+        w, h = (int(x) for x in text.lower().replace("×", "x").split("x"))
+    except ValueError:
+        raise ValueError(f"--size {text}: give WIDTHxHEIGHT, e.g. 1280x800") from None
+    if w < 320 or h < 240:
+        raise ValueError(f"--size {text}: at least 320x240")
+    return w, h
+
+
+def make_application(argv: Sequence[str] = ()) -> QApplication:
+    """The QApplication: high-DPI scaling that follows the screen exactly, the system palette."""
+    existing = QApplication.instance()
+    if isinstance(existing, QApplication):
+        return existing
+    QGuiApplication.setHighDpiScaleFactorRoundingPolicy(
+        Qt.HighDpiScaleFactorRoundingPolicy.PassThrough
+    )
+    app = QApplication(["qmgui", *argv])
+    app.setApplicationName("qmgui")
+    app.setApplicationVersion(__version__)
+    app.setDesktopFileName("qmgui")
+    return app
+
+
+def run(argv: Sequence[str]) -> int:
+    """`qmgui` with no arguments (the window) or with `--screenshot FILE …`."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(list(argv))
+        size = parse_size(args.size)
+    except SystemExit as e:
+        return int(e.code or 0)
+    except ValueError as e:
+        print(f"qmgui: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.screenshot:
+        if not _display_available():
+            os.environ["QT_QPA_PLATFORM"] = "offscreen"
+        return screenshot(
+            args.screenshot, models=args.models, what_if=args.what_if, select=args.select,
+            size=size, ctx=args.ctx,
+        )  # fmt: skip
+    app = make_application()
+    window = MainWindow(hardware_choice=args.what_if)
+    if args.models:
+        window.add_roots([args.models])
+    window.show()
+    window.start()
+    return app.exec()
+
+
+def _display_available() -> bool:
+    return bool(
+        os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
+        or os.environ.get("QT_QPA_PLATFORM") or sys.platform in ("win32", "darwin")
+    )  # fmt: skip
+
+
+class _Shooter(QObject):
+    """Waits until the window has scanned, selected and planned, then saves it."""
+
+    def __init__(
+        self, window: MainWindow, path: str, select: str | None, ctx: int | None = None
+    ) -> None:
+        super().__init__(window)
+        self.window = window
+        self.path = path
+        self.select = select
+        self.ctx = ctx
+        self.selected = select is None
+        self.calm = 0
+        self.waited_ms = 0
+        self.status = EXIT_FAILED
+        self.timer = QTimer(self)
+        self.timer.setInterval(POLL_MS)
+        self.timer.timeout.connect(self._poll)
+
+    def _poll(self) -> None:
+        self.waited_ms += POLL_MS
+        if self.waited_ms > SCREENSHOT_TIMEOUT_S * 1000:
+            print(f"qmgui: the window did not settle in {SCREENSHOT_TIMEOUT_S:.0f} s",
+                  file=sys.stderr)  # fmt: skip
+            self._finish(EXIT_FAILED)
+            return
+        if not self.window.is_settled():
+            self.calm = 0
+            return
+        if not self.selected:
+            self.selected = True
+            assert self.select is not None
+            if not self.window.table.select_name(self.select):
+                notify.warning(f"--select {self.select}: no model has that name", source="app")
+            self.calm = 0
+            return
+        if self.ctx is not None:
+            ctx, self.ctx = self.ctx, None
+            self.window.plan_panel.ctx_spin.setValue(ctx)  # re-plans like a user's edit
+            self.calm = 0
+            return
+        self.calm += 1
+        if self.calm < SETTLED_POLLS:
+            return
+        image = self.window.grab()
+        ok = image.save(self.path, "PNG")
+        if not ok:
+            print(f"qmgui: could not write {self.path}", file=sys.stderr)
+        self._finish(EXIT_OK if ok else EXIT_FAILED)
+
+    def _finish(self, status: int) -> None:
+        self.status = status
+        self.timer.stop()
+        self.window.close()
+        QApplication.quit()
+
+
+def screenshot(
+    path: str,
+    *,
+    models: str | None = None,
+    what_if: str | None = None,
+    select: str | None = None,
+    ctx: int | None = None,
+    size: tuple[int, int] = (1280, 800),
+) -> int:
+    """Start the window, wait for its scan and plan, save a PNG of it to `path`."""
+    app = make_application()
+    if models is not None:
+        loaded = LoadResult(Settings())  # DIR is the only root; nothing read or written
+        window = MainWindow(loaded, roots=[models], persist=False, hardware_choice=what_if)
+    else:
+        window = MainWindow(load_settings(), persist=False, hardware_choice=what_if)
+    window.resize(*size)
+    shooter = _Shooter(window, path, select, ctx)
+    window.show()
+    window.start()
+    shooter.timer.start()
+    app.exec()
+    window.shutdown()
+    if shooter.status == EXIT_OK:
+        print(path)
+    return shooter.status

@@ -1,0 +1,607 @@
+"""The main window: a composition root. It builds the small widgets, owns the workers and the
+settings, and wires them together in `_connect_signals()`; each widget only shows what it is
+given and says what the user did."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+from collections.abc import Sequence
+from dataclasses import replace
+from functools import partial
+
+from PySide6.QtCore import QByteArray, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QShortcut
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFileDialog,
+    QFrame,
+    QLabel,
+    QMainWindow,
+    QProgressBar,
+    QPushButton,
+    QSizePolicy,
+    QSplitter,
+    QStackedWidget,
+    QToolBar,
+    QVBoxLayout,
+    QWidget,
+)
+
+from qmgui import notify
+from qmgui.cli.preview import Resolver
+from qmgui.core.discovery import ModelEntry, ScanResult
+from qmgui.core.fit import FitResult
+from qmgui.core.launch import LaunchSettings
+from qmgui.core.units import MIB
+from qmgui.settings import LoadResult, ModelOverride, Settings, load_settings, save_settings
+from qmgui.stores import default_store_roots
+from qmgui.ui import hardware
+from qmgui.ui.drop import DropFilter
+from qmgui.ui.empty_state import EmptyState
+from qmgui.ui.model_table import ModelTable
+from qmgui.ui.plan_panel import DEFAULT_CONTEXT, PlanPanel
+from qmgui.ui.planning import (
+    BadgeResult,
+    PlanOutcome,
+    fit_badge,
+    fit_context,
+    plan_model,
+)
+from qmgui.ui.preview_pane import PreviewPane
+from qmgui.ui.vram_bar import MemoryPanel, bars_for
+from qmgui.ui.workers import LatestWins, ScanRunner
+
+SOURCE = "window"
+REPLAN_THROTTLE_MS = 100  # slider drags re-plan at most this often (qutebrowser's throttle)
+MESSAGE_MS = 10_000
+PAGE_EMPTY, PAGE_MODELS = 0, 1
+
+
+def initial_settings(entry: ModelEntry, ov: ModelOverride | None) -> LaunchSettings:
+    """Where a newly selected model starts: its pinned overrides, else 8192 tokens."""
+    trained = (entry.meta.context_length if entry.meta else None) or DEFAULT_CONTEXT
+    s = LaunchSettings(ctx_size=min(DEFAULT_CONTEXT, trained))
+    if ov is None:
+        return s
+    ngl = None if ov.n_gpu_layers in (None, -1) else ov.n_gpu_layers
+    return replace(
+        s,
+        ctx_size=ov.ctx_size or s.ctx_size,
+        parallel=ov.parallel,
+        cache_type_k=ov.cache_type_k or s.cache_type_k,
+        cache_type_v=ov.cache_type_v or s.cache_type_v,
+        flash_attn=ov.flash_attn or s.flash_attn,
+        n_gpu_layers=ngl,
+        n_cpu_moe=ov.n_cpu_moe or 0,
+    )
+
+
+class MainWindow(QMainWindow):
+    """The model library, the plan of the selected model, its memory and its command.
+
+    `roots` replaces the configured roots and the stores (the screenshot mode); `persist=False`
+    writes no settings. `probe=False` skips running the engine's `--help` (tests)."""
+
+    _message = Signal(object)  # a notify.Message, posted from any thread
+    settled = Signal()  # scan, badges and plan all done
+
+    def __init__(
+        self,
+        loaded: LoadResult | None = None,
+        *,
+        roots: Sequence[str] | None = None,
+        persist: bool = True,
+        probe: bool = True,
+        hardware_choice: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.setWindowTitle("qmgui")
+        self._loaded = loaded or load_settings()
+        self._roots_override = list(roots) if roots is not None else None
+        self._persist = persist
+        self._resolver = Resolver(self._loaded, probe=probe)
+        self._host = hardware.this_machine()
+        self._hardware = self._host
+        self._outcome: PlanOutcome | None = None
+        self._scanned = False
+        self._pending_select: str | None = None
+
+        self._build_widgets()
+        self._build_toolbar()
+        self._build_status_bar()
+        self._connect_signals()
+        self._restore_state()
+        self.set_hardware(hardware_choice or hardware.THIS_MACHINE)
+
+    # --- building ---------------------------------------------------------------------------
+    def _build_widgets(self) -> None:
+        self.table = ModelTable(self)
+        self.plan_panel = PlanPanel(self)
+        self.memory = MemoryPanel(self)
+        self.preview = PreviewPane(self)
+        self.empty = EmptyState(self)
+
+        detail = QWidget(self)
+        detail_layout = QVBoxLayout(detail)
+        detail_layout.setContentsMargins(12, 4, 4, 4)
+        detail_layout.setSpacing(12)
+        detail_layout.addWidget(self.plan_panel)
+        line = QFrame(detail)
+        line.setFrameShape(QFrame.Shape.HLine)
+        line.setFrameShadow(QFrame.Shadow.Sunken)
+        detail_layout.addWidget(line)
+        detail_layout.addWidget(self.memory)
+        detail_layout.addStretch(1)
+
+        self._detail = detail
+        self.detail_split = QSplitter(Qt.Orientation.Vertical, self)
+        self.detail_split.addWidget(detail)
+        preview_box = QWidget(self)
+        preview_layout = QVBoxLayout(preview_box)
+        preview_layout.setContentsMargins(12, 4, 4, 4)
+        preview_layout.addWidget(self.preview)
+        self.detail_split.addWidget(preview_box)
+        self.detail_split.setStretchFactor(0, 3)
+        self.detail_split.setStretchFactor(1, 1)
+        self.detail_split.setChildrenCollapsible(False)
+
+        self.main_split = QSplitter(Qt.Orientation.Horizontal, self)
+        self.main_split.addWidget(self.table)
+        self.main_split.addWidget(self.detail_split)
+        self.main_split.setStretchFactor(0, 5)
+        self.main_split.setStretchFactor(1, 6)
+        self.main_split.setChildrenCollapsible(False)
+
+        self.pages = QStackedWidget(self)
+        self.pages.addWidget(self.empty)
+        self.pages.addWidget(self.main_split)
+        container = QWidget(self)
+        layout = QVBoxLayout(container)
+        layout.setContentsMargins(8, 8, 8, 4)
+        layout.addWidget(self.pages)
+        self.setCentralWidget(container)
+
+        self.scanner = ScanRunner(self)
+        self.planner = LatestWins("plan", self)
+        self.badger = LatestWins("badges", self)
+        self.fitter = LatestWins("fit", self)
+        self.replan_timer = QTimer(self)
+        self.replan_timer.setSingleShot(True)
+        self.replan_timer.setInterval(REPLAN_THROTTLE_MS)
+        self.drops = DropFilter(self)
+        for w in (self, self.table.view.viewport(), self.empty):
+            self.drops.watch(w)
+
+    def _build_toolbar(self) -> None:
+        bar = QToolBar("Main", self)
+        bar.setObjectName("main-toolbar")
+        bar.setMovable(False)
+        bar.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
+        self.add_action = QAction("Add folder…", self)
+        self.add_action.setShortcut(QKeySequence.StandardKey.Open)
+        self.add_action.setToolTip("Add a folder of models (Ctrl+O)")
+        self.rescan_action = QAction("Rescan", self)
+        self.rescan_action.setShortcut(QKeySequence(Qt.Key.Key_F5))
+        self.rescan_action.setToolTip("Look for models again (F5)")
+        self.quit_action = QAction("Quit", self)
+        self.quit_action.setShortcut(QKeySequence("Ctrl+Q"))
+        self.quit_action.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut)
+        self.addAction(self.quit_action)
+        bar.addAction(self.add_action)
+        bar.addAction(self.rescan_action)
+        spacer = QWidget(bar)
+        spacer.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
+        bar.addWidget(spacer)
+        label = QLabel("Plan for: ", bar)
+        bar.addWidget(label)
+        self.hardware_box = QComboBox(bar)
+        self.hardware_box.addItems(hardware.choice_labels())
+        self.hardware_box.setToolTip(
+            "Plan for this machine's GPUs, or for hardware you do not have (what-if)"
+        )
+        self.hardware_box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        label.setBuddy(self.hardware_box)
+        bar.addWidget(self.hardware_box)
+        self.hardware_label = QLabel("", bar)
+        self.hardware_label.setContentsMargins(8, 0, 4, 0)
+        bar.addWidget(self.hardware_label)
+        self.addToolBar(bar)
+        self.filter_shortcut = QShortcut(QKeySequence.StandardKey.Find, self)
+
+    def _build_status_bar(self) -> None:
+        status = self.statusBar()
+        self.progress = QProgressBar(self)
+        self.progress.setMaximumWidth(220)
+        self.progress.setTextVisible(True)
+        self.progress.hide()
+        self.cancel_button = QPushButton("Cancel", self)
+        self.cancel_button.setToolTip("Stop the scan")
+        self.cancel_button.hide()
+        self.count_label = QLabel("", self)
+        status.addPermanentWidget(self.count_label)
+        status.addPermanentWidget(self.progress)
+        status.addPermanentWidget(self.cancel_button)
+
+    def _connect_signals(self) -> None:
+        self._unsubscribe = notify.notifier.subscribe(self._message.emit)
+        self._message.connect(self._show_message, Qt.ConnectionType.QueuedConnection)
+
+        self.add_action.triggered.connect(self.choose_folder)
+        self.empty.addFolderRequested.connect(self.choose_folder)
+        self.rescan_action.triggered.connect(self.rescan)
+        self.quit_action.triggered.connect(self.close)
+        self.filter_shortcut.activated.connect(self.focus_filter)
+        self.hardware_box.currentTextChanged.connect(self.set_hardware)
+        self.drops.dropped.connect(self._on_drop)
+
+        self.scanner.progress.connect(self._on_scan_progress)
+        self.scanner.finished.connect(self._on_scan_finished)
+        self.scanner.failed.connect(partial(self._on_failed, "scan"))
+        self.scanner.busyChanged.connect(self._on_scan_busy)
+        self.cancel_button.clicked.connect(self.scanner.cancel)
+
+        self.table.selected.connect(self._on_selected)
+        self.plan_panel.changed.connect(self._schedule_plan)
+        self.plan_panel.fitRequested.connect(self._fit_context)
+        self.replan_timer.timeout.connect(self._plan_now)
+        self.planner.finished.connect(self._on_plan)
+        self.planner.failed.connect(partial(self._on_failed, "plan"))
+        self.badger.finished.connect(self._on_badges)
+        self.badger.failed.connect(partial(self._on_failed, "fit badges"))
+        self.fitter.finished.connect(self._on_fit_context)
+        self.fitter.failed.connect(partial(self._on_failed, "fit context"))
+        self.memory.nearestRequested.connect(self._apply_nearest)
+        self.preview.copied.connect(
+            lambda _text: self.statusBar().showMessage("Command copied to the clipboard", 4000)
+        )
+        for worker in (self.scanner, self.planner, self.badger, self.fitter):
+            worker.busyChanged.connect(self._check_settled)
+
+    # --- state ------------------------------------------------------------------------------
+    @property
+    def settings(self) -> Settings:
+        return self._loaded.settings
+
+    @property
+    def hardware(self) -> hardware.Hardware:
+        return self._hardware
+
+    @property
+    def outcome(self) -> PlanOutcome | None:
+        """The plan on show (None before the first one)."""
+        return self._outcome
+
+    @property
+    def reserve_mib(self) -> int:
+        return self.settings.ui.gpu_reserve_mib
+
+    def roots(self) -> list[str]:
+        if self._roots_override is not None:
+            return list(self._roots_override)
+        roots = list(self.settings.model_roots)
+        roots += [str(p) for p in default_store_roots() if str(p) not in roots]
+        return roots
+
+    def is_settled(self) -> bool:
+        """Scanned at least once, and no scan, plan or badge work waiting or running."""
+        return self._scanned and not (
+            self.scanner.busy or self.planner.busy or self.badger.busy or self.fitter.busy
+            or self.replan_timer.isActive()
+        )  # fmt: skip
+
+    def _check_settled(self) -> None:
+        if self.is_settled():
+            self.settled.emit()
+
+    def _restore_state(self) -> None:
+        ui = self.settings.ui
+        if ui.window_geometry:
+            with contextlib.suppress(ValueError):
+                self.restoreGeometry(QByteArray(base64.b64decode(ui.window_geometry)))
+        else:
+            self.resize(1280, 800)
+        for name, split in (("main", self.main_split), ("detail", self.detail_split)):
+            sizes = ui.splitter_sizes.get(name)
+            if sizes and len(sizes) == split.count():
+                split.setSizes(sizes)
+        self._splits_restored = {k for k in ("main", "detail") if k in ui.splitter_sizes}
+        self.table.restore_column_widths(ui.column_widths)
+        self.table.restore_sort(ui.sort_column, ui.sort_order)
+        self._pending_select = ui.last_model_id
+
+    def _default_splits(self) -> None:
+        """First show without remembered sizes: the table ~55 % wide, the plan as tall as it
+        needs and the command below it."""
+        width = max(self.pages.width(), 800)
+        height = max(self.pages.height(), 500)
+        if "main" not in self._splits_restored:
+            self._splits_restored.add("main")
+            self.main_split.setSizes([int(width * 0.55), int(width * 0.45)])
+        if "detail" not in self._splits_restored:
+            self._splits_restored.add("detail")
+            top = max(self._detail.sizeHint().height() + 40, int(height * 0.6))
+            self.detail_split.setSizes([top, max(height - top, 120)])
+
+    def save_state(self) -> None:
+        """Window geometry, splitters, columns, sort and the selection into settings.json."""
+        key, order = self.table.sort_state()
+        current = self.table.current_entry()
+        ui = self.settings.ui.model_copy(
+            update={
+                "window_geometry": base64.b64encode(bytes(self.saveGeometry().data())).decode(),
+                "splitter_sizes": {
+                    "main": self.main_split.sizes(),
+                    "detail": self.detail_split.sizes(),
+                },
+                "column_widths": self.table.column_widths(),
+                "sort_column": key,
+                "sort_order": "descending" if order == "descending" else "ascending",
+                "last_model_id": current.id if current else self.settings.ui.last_model_id,
+            }
+        )
+        self._store(self.settings.model_copy(update={"ui": ui}))
+
+    def _store(self, settings: Settings) -> None:
+        self._loaded = replace(self._loaded, settings=settings)
+        self._resolver.loaded = self._loaded
+        if not self._persist or self._loaded.read_only:
+            return
+        try:
+            save_settings(self._loaded)
+        except Exception as e:  # a settings file that cannot be written is a message
+            notify.error(f"settings not saved: {e}", source=SOURCE)
+
+    # --- scanning and roots -----------------------------------------------------------------
+    def start(self) -> None:
+        """Post the settings' messages and scan."""
+        for message in self._loaded.messages:
+            notify.warning(message, source="settings")
+        self.rescan()
+
+    def rescan(self) -> None:
+        roots = self.roots()
+        if not roots:
+            self._scanned = True
+            self._on_scan_finished(ScanResult(()))
+            return
+        self.scanner.start(roots)
+
+    def add_roots(self, paths: Sequence[str]) -> None:
+        """Add folders or .gguf files as model roots (saved), then rescan."""
+        if not paths:
+            return
+        if self._roots_override is not None:
+            self._roots_override += [p for p in paths if p not in self._roots_override]
+        else:
+            roots = [*self.settings.model_roots, *paths]
+            self._store(self.settings.model_copy(update={"model_roots": roots}))
+            # the settings validator normalises, so read it back through a round trip
+            self._loaded = replace(
+                self._loaded, settings=Settings.model_validate(self.settings.model_dump())
+            )
+        names = ", ".join(os.path.basename(p.rstrip(os.sep)) or p for p in paths)
+        notify.info(f"added {names}; scanning", source=SOURCE)
+        self.rescan()
+
+    def choose_folder(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Add a folder of models")
+        if folder:
+            self.add_roots([folder])
+
+    def _on_drop(self, accepted: list[str], refused: list[str]) -> None:
+        if refused:
+            names = ", ".join(os.path.basename(p) or p for p in refused)
+            notify.warning(f"cannot add {names}: drop a folder or a .gguf file", source=SOURCE)
+        self.add_roots(accepted)
+
+    def _on_scan_busy(self, busy: bool) -> None:
+        self.progress.setVisible(busy)
+        self.cancel_button.setVisible(busy)
+        self.rescan_action.setEnabled(not busy)
+        if busy:
+            self.progress.setRange(0, 0)
+            self.empty.set_status("Looking for models…")
+
+    def _on_scan_progress(self, done: int, total: int, path: str) -> None:
+        self.progress.setRange(0, max(total, 1))
+        self.progress.setValue(done)
+        self.progress.setFormat(f"{done}/{total}")
+        if path:
+            self.progress.setToolTip(path)
+
+    def _on_scan_finished(self, result: object) -> None:
+        assert isinstance(result, ScanResult)
+        self._scanned = True
+        if result.cancelled:
+            notify.info("scan cancelled; the list shows the last complete scan", source="scan")
+            return
+        for problem in result.problems:
+            notify.warning(f"{problem.path}: {problem.reason}", source="scan")
+        keep = self.table.current_entry()
+        self.table.model.set_entries(result.models)
+        n = len(result.models)
+        broken = sum(1 for m in result.models if m.error)
+        self.count_label.setText(
+            f"{n} model{'s' if n != 1 else ''}" + (f", {broken} broken" if broken else "")
+        )
+        self.pages.setCurrentIndex(PAGE_MODELS if n else PAGE_EMPTY)
+        if n:
+            self._default_splits()
+        roots = self.roots()
+        self.empty.set_status(
+            "Looked in: " + ", ".join(roots) if roots else "No folders configured yet."
+        )
+        self._refresh_badges()
+        wanted = self._pending_select or (keep.id if keep else None)
+        self._pending_select = None
+        if not (wanted and self.table.select_id(wanted)) and n:
+            self.table.view.selectRow(0)
+            self.table.view.setCurrentIndex(self.table.proxy.index(0, 0))
+        self._check_settled()
+
+    # --- hardware ---------------------------------------------------------------------------
+    def set_hardware(self, choice: str) -> None:
+        """Plan for "This machine" or a what-if profile (a toolbar label or `lookup` text)."""
+        try:
+            hw = hardware.resolve(choice, host_bytes=self._host.host_bytes)
+        except ValueError as e:
+            notify.error(str(e), source=SOURCE)
+            return
+        if choice.strip().lower() == hardware.THIS_MACHINE.lower():
+            hw = self._host
+        self._hardware = hw
+        if self.hardware_box.currentText() != hw.label:
+            if self.hardware_box.findText(hw.label) < 0:
+                self.hardware_box.addItem(hw.label)
+            self.hardware_box.blockSignals(True)
+            self.hardware_box.setCurrentText(hw.label)
+            self.hardware_box.blockSignals(False)
+        total = sum(g.total_bytes for g in hw.gpus)
+        self.hardware_label.setText(
+            f"{len(hw.gpus)} GPU{'s' if len(hw.gpus) != 1 else ''}, {total / MIB / 1024:.0f} GiB"
+            if hw.gpus else "no GPU: CPU only"
+        )  # fmt: skip
+        self._refresh_badges()
+        self._schedule_plan()
+
+    def _refresh_badges(self) -> None:
+        entries = self.table.model.entries
+        if not entries:
+            return
+        self.table.model.clear_badges()
+        hw, reserve = self._hardware, self.reserve_mib
+
+        def task() -> dict[str, BadgeResult]:
+            return {e.id: fit_badge(e, hw, reserve) for e in entries}
+
+        self.badger.submit(task)
+
+    def _on_badges(self, badges: object) -> None:
+        assert isinstance(badges, dict)
+        self.table.model.set_badges(badges)
+
+    # --- planning ---------------------------------------------------------------------------
+    def _on_selected(self, entry: object) -> None:
+        if entry is None:
+            self.plan_panel.set_entry(None)
+            self._outcome = None
+            self.memory.set_bars([])
+            self.memory.set_verdict("", ok=True, nearest=False)
+            self.preview.clear()
+            return
+        assert isinstance(entry, ModelEntry)
+        if self.plan_panel.entry is not None and self.plan_panel.entry.id == entry.id:
+            self.plan_panel.set_entry(entry, self.plan_panel.full_settings())
+        else:
+            ov = self.settings.model_overrides.get(entry.id)
+            self.plan_panel.set_entry(entry, initial_settings(entry, ov))
+        self._schedule_plan()
+
+    def _schedule_plan(self) -> None:
+        """Throttle: the first change plans after a short pause, later ones join it."""
+        if not self.replan_timer.isActive():
+            self.replan_timer.start()
+
+    def _plan_now(self) -> None:
+        entry = self.plan_panel.entry
+        if entry is None:
+            self._check_settled()
+            return
+        settings = self.plan_panel.full_settings()
+        hw, reserve, resolver = self._hardware, self.reserve_mib, self._resolver
+        self.planner.submit(lambda: plan_model(entry, settings, hw, reserve, resolver))
+
+    def _on_plan(self, outcome: object) -> None:
+        assert isinstance(outcome, PlanOutcome)
+        current = self.plan_panel.entry
+        if current is None or current.id != outcome.entry.id:
+            return  # the selection moved on; its own plan is on the way
+        self._outcome = outcome
+        self.memory.set_bars(bars_for(outcome, self.reserve_mib * MIB))
+        fit = outcome.fit
+        if fit is None:
+            self.memory.set_verdict(outcome.error or "", ok=False, nearest=False)
+        elif fit.fits:
+            r = fit.footprint.settings
+            self.memory.set_verdict(
+                f"Fits {self._hw_words()}: {r.n_ctx:,} tokens in {r.n_seq} "
+                f"slot{'s' if r.n_seq != 1 else ''}, KV {r.cache_type_k}/{r.cache_type_v}, "
+                f"flash attention {'on' if r.flash_attn else 'off'}, "
+                f"{fit.footprint.n_gpu_layers} layers on GPU.",
+                ok=True,
+                nearest=False,
+            )
+        else:
+            self.memory.set_verdict(
+                f"Does not fit: {fit.reason}.", ok=False, nearest=fit.nearest is not None
+            )
+        self.preview.set_command(
+            outcome.bash, outcome.powershell, outcome.command.warnings, outcome.engine
+        )
+
+    def _hw_words(self) -> str:
+        hw = self._hardware
+        if hw.what_if:
+            return hw.label
+        return "this machine" + ("" if hw.gpus else " (CPU only)")
+
+    def _apply_nearest(self) -> None:
+        o = self._outcome
+        if o is not None and o.fit is not None and o.fit.nearest is not None:
+            self.plan_panel.apply(o.fit.nearest, notify=True)
+
+    def _fit_context(self) -> None:
+        entry = self.plan_panel.entry
+        if entry is None:
+            return
+        settings = self.plan_panel.full_settings()
+        hw, reserve = self._hardware, self.reserve_mib
+        self.statusBar().showMessage("Looking for the longest context that fits…")
+        self.fitter.submit(lambda: (entry.id, fit_context(entry, settings, hw, reserve)))
+
+    def _on_fit_context(self, value: object) -> None:
+        assert isinstance(value, tuple)
+        entry_id, result = value
+        current = self.plan_panel.entry
+        if current is None or current.id != entry_id:
+            return
+        if result is None:
+            notify.info(f"{current.name}: qmgui does not size this model", source=SOURCE)
+        elif not isinstance(result, FitResult):
+            return
+        elif result.fits:
+            self.plan_panel.apply(result.settings, notify=True)
+            notify.info(
+                f"{current.name}: {result.footprint.settings.n_ctx:,} tokens fit", source=SOURCE
+            )
+        else:
+            notify.warning(f"{current.name}: {result.reason}", source=SOURCE)
+
+    def _on_failed(self, what: str, error: str) -> None:
+        notify.error(f"{what} failed: {error}", source=SOURCE)
+
+    # --- messages, keys, closing ------------------------------------------------------------
+    def _show_message(self, message: object) -> None:
+        assert isinstance(message, notify.Message)
+        prefix = {notify.Level.ERROR: "Error: ", notify.Level.WARNING: "⚠ "}.get(message.level, "")
+        self.statusBar().showMessage(prefix + message.text, MESSAGE_MS)
+
+    def focus_filter(self) -> None:
+        self.table.filter.setFocus(Qt.FocusReason.ShortcutFocusReason)
+        self.table.filter.selectAll()
+
+    def shutdown(self) -> None:
+        """Stop and join every worker; forget the notifier (safe to call twice)."""
+        self.replan_timer.stop()
+        self._unsubscribe()
+        self.scanner.wait()
+        for worker in (self.planner, self.badger, self.fitter):
+            worker.cancel()
+            worker.wait()
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        self.save_state()
+        self.shutdown()
+        super().closeEvent(event)

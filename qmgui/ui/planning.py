@@ -1,0 +1,164 @@
+"""What the window asks the planner, as plain functions the workers run off the GUI thread.
+
+`plan_model` sizes one launch and renders its command the way `qmgui preview` does (the same
+resolver and emitters, so the window and the CLI never disagree); `fit_badge` is the per-row
+answer of the model table. No Qt here.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass, replace
+
+from qmgui.cli.preview import Request, Resolver, UsageError, emit_model
+from qmgui.core.discovery import ModelEntry
+from qmgui.core.emit import Command, EmitError, skipped
+from qmgui.core.errors import SizingError
+from qmgui.core.fit import Budget, FitResult, check, max_context, offload_for_context
+from qmgui.core.launch import CTX_PAD, LaunchSettings
+from qmgui.core.meta import ModelClass
+from qmgui.core.shell import quote_bash, quote_powershell
+from qmgui.core.units import MIB
+from qmgui.ui.hardware import Hardware
+
+DEFAULT_PORT = 8080
+# the context a fit badge is judged at: the trained one, capped where most chats live (a 1M
+# trained context would mark every model "does not fit")
+BADGE_CONTEXT = 8192
+# model classes llama-server serves and the planner sizes
+PLANNED_CLASSES = frozenset({ModelClass.LLM, ModelClass.EMBEDDING, ModelClass.RERANK})
+
+
+class Badge(enum.Enum):
+    FITS = "fits"
+    PARTIAL = "partial offload"
+    NO_FIT = "does not fit"
+    NOT_PLANNED = "—"
+
+
+@dataclass(frozen=True)
+class BadgeResult:
+    badge: Badge
+    detail: str  # the tooltip: the context judged at, or why it does not fit
+
+
+def budget_for(hw: Hardware, reserve_mib: int) -> Budget:
+    return Budget(gpus=hw.gpus, gpu_reserve=reserve_mib * MIB, host_bytes=hw.host_bytes)
+
+
+def plannable(entry: ModelEntry) -> bool:
+    m = entry.meta
+    return (
+        m is not None and entry.error is None and entry.format == "gguf"
+        and m.model_class in PLANNED_CLASSES
+    )  # fmt: skip
+
+
+def badge_context(entry: ModelEntry) -> int:
+    trained = (entry.meta.context_length if entry.meta else None) or 4096
+    return max(CTX_PAD, min(trained, BADGE_CONTEXT) // CTX_PAD * CTX_PAD)
+
+
+def fit_badge(entry: ModelEntry, hw: Hardware, reserve_mib: int) -> BadgeResult:
+    """Fits with every layer on the GPU(s), fits with some layers on the CPU, or not at all, at
+    `badge_context` tokens with the engine's default settings."""
+    if not plannable(entry):
+        why = entry.error or "qmgui sizes llama-server launches of GGUF language models"
+        return BadgeResult(Badge.NOT_PLANNED, why)
+    assert entry.meta is not None
+    ctx = badge_context(entry)
+    settings = LaunchSettings(ctx_size=ctx)
+    budget = budget_for(hw, reserve_mib)
+    try:
+        result = check(entry.meta, settings, budget)
+        if result.fits:
+            where = "the GPU" if len(hw.gpus) == 1 else "the GPUs" if hw.gpus else "host memory"
+            return BadgeResult(Badge.FITS, f"{ctx} tokens fit in {where} ({hw.summary})")
+        offload = offload_for_context(entry.meta, settings, budget)
+    except SizingError as e:
+        return BadgeResult(Badge.NOT_PLANNED, str(e))
+    if offload.fits and offload.nearest is not None:
+        ngl = offload.nearest.n_gpu_layers
+        moe = offload.nearest.n_cpu_moe
+        how = f"--n-cpu-moe {moe}" if moe else f"{ngl} of {entry.meta.n_layer + 1} layers on GPU"
+        return BadgeResult(Badge.PARTIAL, f"{ctx} tokens fit with {how} ({hw.summary})")
+    return BadgeResult(Badge.NO_FIT, f"{ctx} tokens: {result.reason}")
+
+
+@dataclass(frozen=True)
+class PlanOutcome:
+    """One planned launch: what it costs (None for models the planner does not size), why
+    not, and the command that runs it."""
+
+    entry: ModelEntry
+    settings: LaunchSettings
+    hardware: Hardware
+    fit: FitResult | None
+    error: str | None
+    command: Command
+    bash: str
+    powershell: str
+    engine: str  # which engine and why ("no backends registered: llama-server")
+
+
+def _nearest(entry: ModelEntry, settings: LaunchSettings, budget: Budget) -> LaunchSettings | None:
+    """The settings closest to `settings` that fit: fewer layers on the GPU for this context,
+    else the largest context with every layer there."""
+    assert entry.meta is not None
+    offload = offload_for_context(entry.meta, settings, budget)
+    if offload.fits and offload.nearest is not None:
+        return offload.nearest
+    shorter = max_context(entry.meta, settings, budget)
+    if shorter.fits:
+        return shorter.settings
+    return shorter.nearest
+
+
+def plan_model(
+    entry: ModelEntry,
+    settings: LaunchSettings,
+    hw: Hardware,
+    reserve_mib: int,
+    resolver: Resolver,
+) -> PlanOutcome:
+    """Size one launch (llama-server GGUF models) and emit its command (any engine)."""
+    budget = budget_for(hw, reserve_mib)
+    fit: FitResult | None = None
+    error: str | None = None
+    if plannable(entry):
+        assert entry.meta is not None
+        try:
+            fit = check(entry.meta, settings, budget)
+            if not fit.fits:
+                fit = replace(fit, nearest=_nearest(entry, settings, budget))
+        except SizingError as e:
+            error = str(e)
+    else:
+        error = entry.error or "qmgui sizes llama-server launches of GGUF language models only"
+    engine = ""
+    try:
+        target = resolver.target(entry)
+        if isinstance(target, str):
+            command = skipped(target)
+        else:
+            name = os.path.basename(target.executable) or target.executable
+            engine = f"{name} ({target.kind}): {target.reason}"
+            req = Request(settings=settings, gpus=hw.gpus, reserve=reserve_mib * MIB,
+                          port=DEFAULT_PORT, extra=())  # fmt: skip
+            command = emit_model(entry, target, req, resolver.override(entry)).command
+    except (EmitError, SizingError, UsageError, ValueError) as e:
+        command = skipped(str(e))
+    bash = quote_bash(command.argv, command.env) if command.runnable else ""
+    ps = quote_powershell(command.argv, command.env) if command.runnable else ""
+    return PlanOutcome(entry, settings, hw, fit, error, command, bash, ps, engine)
+
+
+def fit_context(
+    entry: ModelEntry, settings: LaunchSettings, hw: Hardware, reserve_mib: int
+) -> FitResult | None:
+    """The largest context that fits with the other settings kept (the "Fit context" button)."""
+    if not plannable(entry):
+        return None
+    assert entry.meta is not None
+    return max_context(entry.meta, settings, budget_for(hw, reserve_mib))

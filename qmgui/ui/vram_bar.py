@@ -1,0 +1,250 @@
+"""Memory bars: one per GPU and one for system RAM, stacked segments of what a plan uses.
+
+`VramBar` only paints the `BarSpec` it is given; `bars_for` turns a plan into specs and
+`MemoryPanel` lays the bars out with a legend, the verdict and the "Nearest fit" button.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from PySide6.QtCore import QRectF, QSize, Qt, Signal
+from PySide6.QtGui import QColor, QFont, QPainter, QPaintEvent, QPalette, QPen
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QSizePolicy,
+    QVBoxLayout,
+    QWidget,
+)
+
+from qmgui.core.footprint import CPU, DeviceFootprint
+from qmgui.core.units import GIB, format_bytes
+from qmgui.ui.planning import PlanOutcome
+
+# segment key -> (legend label, colour); colours chosen to stay apart for the colour-blind
+# (blue / orange / purple / grey) and readable on light and dark palettes
+SEGMENTS: dict[str, tuple[str, QColor]] = {
+    "weights": ("Weights", QColor(66, 133, 244)),
+    "kv": ("KV cache", QColor(245, 150, 40)),
+    "compute": ("Compute", QColor(156, 95, 200)),
+    "other": ("Output, state, other", QColor(120, 144, 156)),
+    "reserve": ("Reserve", QColor(190, 190, 190)),
+}
+OVER_COLOUR = QColor(215, 58, 73)
+BAR_HEIGHT = 26
+
+
+@dataclass(frozen=True)
+class BarSpec:
+    """What one bar shows: used bytes per segment out of `capacity` (None: unknown size)."""
+
+    title: str
+    capacity: int | None
+    segments: tuple[tuple[str, int], ...]  # (segment key, bytes), in drawing order
+    reserve: int = 0
+    over: bool = False
+
+    @property
+    def used(self) -> int:
+        return sum(n for _, n in self.segments)
+
+
+def gib(n: int) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def _segments(d: DeviceFootprint) -> tuple[tuple[str, int], ...]:
+    return (
+        ("weights", d.weights),
+        ("kv", d.kv),
+        ("compute", d.compute),
+        ("other", d.output + d.recurrent + d.other),
+    )
+
+
+def bars_for(outcome: PlanOutcome, reserve: int) -> list[BarSpec]:
+    """One bar per GPU of the hardware, then system RAM."""
+    hw = outcome.hardware
+    fit = outcome.fit
+    devices = {d.name: d for d in fit.footprint.devices} if fit else {}
+    bars: list[BarSpec] = []
+    for g in hw.gpus:
+        d = devices.get(g.name, DeviceFootprint(g.name))
+        limit = max(g.available - reserve, 0)
+        bars.append(BarSpec(g.name, g.total_bytes, _segments(d), reserve, d.total > limit))
+    host = devices.get(CPU, DeviceFootprint(CPU))
+    over = hw.host_bytes is not None and host.total > hw.host_bytes
+    title = "System RAM" + (" (this machine)" if hw.what_if else "")
+    bars.append(BarSpec(title, hw.host_bytes, _segments(host), 0, over))
+    return bars
+
+
+class VramBar(QWidget):
+    """Paints one `BarSpec`: title and totals above, the stacked bar below."""
+
+    def __init__(self, spec: BarSpec | None = None, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._spec = spec
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.setMinimumWidth(160)
+
+    @property
+    def spec(self) -> BarSpec | None:
+        return self._spec
+
+    def set_spec(self, spec: BarSpec | None) -> None:
+        self._spec = spec
+        self.setToolTip(self._tooltip())
+        self.update()
+
+    def sizeHint(self) -> QSize:
+        return QSize(320, self.fontMetrics().height() + 6 + BAR_HEIGHT + 2)
+
+    def minimumSizeHint(self) -> QSize:
+        return QSize(160, self.sizeHint().height())
+
+    def _tooltip(self) -> str:
+        s = self._spec
+        if s is None:
+            return ""
+        lines = [f"{s.title}: {format_bytes(s.used)} planned"]
+        lines += [f"  {SEGMENTS[k][0]}: {format_bytes(n)}" for k, n in s.segments if n]
+        if s.reserve:
+            lines.append(f"  reserve kept free: {format_bytes(s.reserve)}")
+        if s.capacity:
+            lines.append(f"  of {format_bytes(s.capacity)}")
+        return "\n".join(lines)
+
+    def paintEvent(self, event: QPaintEvent) -> None:
+        s = self._spec
+        if s is None:
+            return
+        p = QPainter(self)
+        p.setRenderHint(QPainter.RenderHint.Antialiasing)
+        pal = self.palette()
+        fm = self.fontMetrics()
+        w = self.width()
+        text_h = fm.height()
+        # title left, totals right
+        bold = QFont(self.font())
+        bold.setBold(True)
+        p.setFont(bold)
+        p.setPen(pal.color(QPalette.ColorRole.WindowText))
+        title_rect = QRectF(0, 0, w, text_h)
+        p.drawText(title_rect, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, s.title)
+        p.setFont(self.font())
+        cap = f" of {gib(s.capacity)}" if s.capacity else ""
+        total = f"{gib(s.used)}{cap}"
+        if s.over:
+            p.setPen(OVER_COLOUR)
+            total += "  — over"
+        p.drawText(title_rect, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter, total)
+
+        self._paint_bar(p, s, QRectF(0.5, text_h + 4.5, w - 1.0, BAR_HEIGHT - 1.0))
+        p.end()
+
+    def _paint_bar(self, p: QPainter, s: BarSpec, bar: QRectF) -> None:
+        pal = self.palette()
+        fm = self.fontMetrics()
+        scale_bytes = max(s.capacity or 0, s.used + s.reserve, 1)
+        free_colour = pal.color(QPalette.ColorRole.Base)
+        p.setPen(Qt.PenStyle.NoPen)
+        p.setBrush(free_colour)
+        p.drawRoundedRect(bar, 4, 4)
+        p.save()
+        p.setClipRect(bar)
+        x = bar.left()
+        pieces = [*s.segments, ("reserve", s.reserve)] if s.capacity else list(s.segments)
+        for key, n in pieces:
+            if n <= 0:
+                continue
+            seg_w = bar.width() * n / scale_bytes
+            if key == "reserve":  # the reserve sits at the far end of the card
+                rect = QRectF(bar.right() - seg_w, bar.top(), seg_w, bar.height())
+                p.setBrush(QColor(SEGMENTS[key][1]))
+                p.setOpacity(0.55)
+                p.drawRect(rect)
+                p.setOpacity(1.0)
+            else:
+                rect = QRectF(x, bar.top(), seg_w, bar.height())
+                p.setBrush(SEGMENTS[key][1])
+                p.drawRect(rect)
+                x += seg_w
+            label = gib(n) if n >= 0.05 * GIB else ""
+            if label and fm.horizontalAdvance(label) + 8 < seg_w:
+                p.setPen(QColor(255, 255, 255) if key != "reserve" else QColor(40, 40, 40))
+                p.drawText(rect, Qt.AlignmentFlag.AlignCenter, label)
+                p.setPen(Qt.PenStyle.NoPen)
+        p.restore()
+        outline = OVER_COLOUR if s.over else pal.color(QPalette.ColorRole.Mid)
+        p.setPen(QPen(outline, 2.0 if s.over else 1.0))
+        p.setBrush(Qt.BrushStyle.NoBrush)
+        p.drawRoundedRect(bar, 4, 4)
+
+
+class Legend(QWidget):
+    """Colour swatches with their names, wrapped onto as many lines as the width needs."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(14)
+        for key, (label, colour) in [*SEGMENTS.items(), ("free", ("Free", QColor()))]:
+            item = QLabel(self)
+            swatch = (
+                colour.name()
+                if key != "free"
+                else self.palette().color(QPalette.ColorRole.Base).name()
+            )
+            item.setText(f'<span style="color:{swatch}; font-size:large">■</span>&nbsp;{label}')
+            item.setObjectName(f"legend-{key}")
+            layout.addWidget(item)
+        layout.addStretch(1)
+
+
+class MemoryPanel(QWidget):
+    """The bars of one plan, a legend, the verdict, and "Nearest fit" when it does not fit."""
+
+    nearestRequested = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._bars_box = QVBoxLayout()
+        self._bars_box.setSpacing(10)
+        self.bars: list[VramBar] = []
+        self.verdict = QLabel(self)
+        self.verdict.setWordWrap(True)
+        self.verdict.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.nearest = QPushButton("Nearest fit", self)
+        self.nearest.setToolTip("Apply the closest settings that fit this hardware")
+        self.nearest.clicked.connect(self.nearestRequested)
+        self.nearest.hide()
+        verdict_row = QHBoxLayout()
+        verdict_row.addWidget(self.verdict, 1)
+        verdict_row.addWidget(self.nearest, 0, Qt.AlignmentFlag.AlignTop)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(8)
+        layout.addLayout(self._bars_box)
+        layout.addWidget(Legend(self))
+        layout.addLayout(verdict_row)
+
+    def set_bars(self, specs: list[BarSpec]) -> None:
+        while len(self.bars) < len(specs):
+            bar = VramBar(parent=self)
+            self.bars.append(bar)
+            self._bars_box.addWidget(bar)
+        while len(self.bars) > len(specs):
+            self.bars.pop().deleteLater()
+        for bar, spec in zip(self.bars, specs, strict=True):
+            bar.set_spec(spec)
+
+    def set_verdict(self, text: str, *, ok: bool, nearest: bool) -> None:
+        colour = SEGMENTS["weights"][1] if ok else OVER_COLOUR
+        self.verdict.setText(text)
+        self.verdict.setStyleSheet("" if ok else f"color: {colour.name()};")
+        self.nearest.setVisible(nearest)

@@ -1,0 +1,164 @@
+"""Background work for the window: one task at a time per runner, the latest request wins.
+
+Workers run plain functions on a Python thread and hand back plain values; they never touch a
+widget. Results cross to the GUI thread through a queued signal, and a result that is stale by
+the time it arrives (a newer request came in) is dropped, as Orange3's `concurrent.py` does.
+`wait()` joins the running thread: the window calls it on close and tests call it before they
+end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import threading
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from PySide6.QtCore import QObject, Qt, Signal
+
+from qmgui.cache import SqliteHeaderCache
+from qmgui.core.discovery import ScanResult, scan
+
+_log = logging.getLogger(__name__)
+
+Task = Callable[[], Any]
+
+
+class State(enum.Enum):
+    IDLE = "idle"
+    RUNNING = "running"
+
+
+class LatestWins(QObject):
+    """Runs submitted tasks one at a time; a task submitted while one runs replaces any task
+    still waiting, and only the result of the latest submission is delivered (`finished`).
+    A task that raises delivers `failed` with the error's text instead."""
+
+    finished = Signal(object)
+    failed = Signal(str)
+    busyChanged = Signal(bool)
+    _done = Signal(int, object, str)  # generation, result, error text ("" when none)
+
+    def __init__(self, name: str, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._name = name
+        self._generation = 0
+        self._pending: tuple[int, Task] | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._done.connect(self._on_done, Qt.ConnectionType.QueuedConnection)
+
+    @property
+    def state(self) -> State:
+        return State.RUNNING if self.busy else State.IDLE
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None or self._pending is not None
+
+    def submit(self, task: Task) -> None:
+        """Run `task` after the running one; forget any task that was waiting."""
+        was_busy = self.busy
+        self._generation += 1
+        self._pending = (self._generation, task)
+        if self._thread is None:
+            self._start_pending()
+        if not was_busy:
+            self.busyChanged.emit(True)
+
+    def cancel(self) -> None:
+        """Forget the waiting task and drop the running one's result when it comes."""
+        self._generation += 1
+        self._pending = None
+
+    def wait(self, timeout: float | None = 30.0) -> None:
+        """Join the running thread (results still arrive through the event loop)."""
+        self._pending = None
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+    def _start_pending(self) -> None:
+        assert self._pending is not None
+        generation, task = self._pending
+        self._pending = None
+        thread = threading.Thread(
+            target=self._run, args=(generation, task), name=f"qmgui-{self._name}", daemon=True
+        )
+        self._thread = thread
+        thread.start()
+
+    def _run(self, generation: int, task: Task) -> None:
+        try:
+            result, error = task(), ""
+        except Exception as e:  # a worker reports, it never takes the window down
+            _log.debug("%s task failed:\n%s", self._name, traceback.format_exc())
+            result, error = None, f"{type(e).__name__}: {e}" if not str(e) else str(e)
+        with contextlib.suppress(RuntimeError):  # the window is gone (closed while this ran)
+            self._done.emit(generation, result, error)
+
+    def _on_done(self, generation: int, result: object, error: str) -> None:
+        if self._thread is not None:
+            self._thread.join()
+        self._thread = None
+        if self._pending is not None:
+            self._start_pending()
+        if generation == self._generation:
+            if error:
+                self.failed.emit(error)
+            else:
+                self.finished.emit(result)
+        if not self.busy:
+            self.busyChanged.emit(False)
+
+
+class ScanRunner(QObject):
+    """Scans model roots on a worker thread with progress, cancellable; results replace the
+    list (`finished(ScanResult)`)."""
+
+    progress = Signal(int, int, str)  # done, total, current path
+    finished = Signal(object)
+    failed = Signal(str)
+    busyChanged = Signal(bool)
+
+    def __init__(self, parent: QObject | None = None, *, use_cache: bool = True) -> None:
+        super().__init__(parent)
+        self._stop = threading.Event()
+        self._use_cache = use_cache
+        self._runner = LatestWins("scan", self)
+        self._runner.finished.connect(self.finished)
+        self._runner.failed.connect(self.failed)
+        self._runner.busyChanged.connect(self.busyChanged)
+
+    @property
+    def busy(self) -> bool:
+        return self._runner.busy
+
+    def start(self, roots: list[str]) -> None:
+        """Scan `roots`, cancelling a scan already running."""
+        self._stop.set()
+        stop = threading.Event()
+        self._stop = stop
+        self._runner.submit(lambda: self._scan(list(roots), stop))
+
+    def cancel(self) -> None:
+        self._stop.set()
+
+    def wait(self, timeout: float | None = 30.0) -> None:
+        self._stop.set()
+        self._runner.wait(timeout)
+
+    def _scan(self, roots: list[str], stop: threading.Event) -> ScanResult:
+        def progress(done: int, total: int, path: str) -> None:
+            try:
+                self.progress.emit(done, total, path)
+            except RuntimeError:
+                stop.set()
+
+        if not self._use_cache:
+            return scan(roots, progress=progress, should_stop=stop.is_set)
+        with SqliteHeaderCache() as cache:
+            return scan(roots, cache=cache, progress=progress, should_stop=stop.is_set)

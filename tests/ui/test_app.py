@@ -1,0 +1,49 @@
+"""Starting the window: which invocations get it, and the screenshot mode."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from qmgui.__main__ import display_available, wants_window
+
+
+def test_window_only_with_a_display_or_its_flags() -> None:
+    assert display_available({"DISPLAY": ":0"}, "linux")
+    assert display_available({"QT_QPA_PLATFORM": "offscreen"}, "linux")
+    assert display_available({}, "win32")
+    assert not display_available({}, "linux")
+    assert wants_window([], display=True)
+    assert not wants_window([], display=False)
+    assert not wants_window(["scan"], display=True)
+    assert wants_window(["--screenshot", "x.png"], display=False)
+    assert not wants_window(["scan", "--models"], display=True)
+
+
+def test_screenshot_writes_a_png(tmp_path: Path, models: Path) -> None:
+    out = tmp_path / "shot.png"
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "qmgui", "--screenshot", str(out), "--models", str(models),
+         "--what-if", "2× RTX 3090", "--select", "tiny-qwen3", "--size", "1024x700"],
+        capture_output=True, text=True, timeout=120, env=env, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width = int.from_bytes(data[16:20], "big")
+    assert width == 1024
+    # screenshot mode writes no settings
+    assert not list(Path(os.environ["QMGUI_CONFIG_DIR"]).glob("*.json"))
+
+
+def test_screenshot_bad_size(tmp_path: Path) -> None:
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "qmgui", "--screenshot", str(tmp_path / "x.png"), "--size", "big"],
+        capture_output=True, text=True, timeout=60, env=env, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "WIDTHxHEIGHT" in proc.stderr
