@@ -97,7 +97,7 @@ def _compare(sup: Supervisor, entry: Any, req: Any) -> dict[str, Any]:
             "kv": d.kv.bytes + d.recurrent.bytes,
             "compute": d.compute.bytes,
             "output": d.output.bytes,
-            "other": d.repack.bytes,
+            "repack": d.repack.bytes,
             "total": d.total.bytes,
         }
         for d in report.devices
@@ -112,7 +112,7 @@ def _compare(sup: Supervisor, entry: Any, req: Any) -> dict[str, Any]:
 
 
 def _print_compare(data: dict[str, Any], out: TextIO) -> None:
-    cols = ("", "DEVICE", "WEIGHTS", "KV", "COMPUTE", "OUTPUT", "OTHER", "TOTAL")
+    cols = ("", "DEVICE", "WEIGHTS", "KV", "COMPUTE", "OUTPUT", "REPACK", "TOTAL")
     rows: list[tuple[str, ...]] = [cols]
     for label in ("planned", "actual"):
         for d in data[label]:
@@ -122,8 +122,12 @@ def _print_compare(data: dict[str, Any], out: TextIO) -> None:
                     str(d["name"]),
                     *(
                         format_bytes(int(d.get(k, 0)))
-                        for k in ("weights", "kv", "compute", "output", "other")
+                        for k in ("weights", "kv", "compute", "output")
                     ),
+                    # planned: the most CPU repacking can copy; actual: what it copied
+                    ("≤ " + format_bytes(int(d.get("repack_bound", 0))))
+                    if label == "planned"
+                    else format_bytes(int(d.get("repack", 0))),
                     format_bytes(int(d["total"])),
                 )
             )
