@@ -59,6 +59,7 @@ NO_MEMORY_ARCHS = frozenset(
     }
 )
 MAPPED_ALIGNMENT = 32  # GGUF data alignment when general.alignment is absent
+REPACK_ALIGNMENT = 256  # per-tensor padding bound in repack buffers (see _repack_bound)
 
 
 @dataclass(frozen=True)
@@ -422,12 +423,12 @@ def estimate(
 
 
 def _repack_bound(meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings) -> int:
-    """Bytes of the CPU-resident weights a repacking CPU backend may copy: matrices used by
-    matmuls (every 2-D layer or output tensor; token embeddings are gathered, not multiplied)."""
+    """Bytes of the CPU-resident weights a repacking CPU backend may copy: every layer and
+    output tensor (token embeddings are gathered, not multiplied), each padded."""
     out_dev = layer_dev[meta.n_layer]
     total = 0
-    for t, entry in zip(_table(meta), meta.tensors, strict=True):
-        if t.role == _INPUT or len(entry.shape) < 2:
+    for t in _table(meta):
+        if t.role == _INPUT:
             continue
         if t.role == _OUTPUT:
             dev = out_dev
@@ -436,7 +437,8 @@ def _repack_bound(meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings) 
         else:
             dev = layer_dev[t.layer]
         if dev == CPU:
-            total += t.nbytes
+            # each copy is aligned in its buffer: 256 bytes a tensor bounds the padding
+            total += pad(t.nbytes, REPACK_ALIGNMENT)
     return total
 
 
