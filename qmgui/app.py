@@ -52,11 +52,18 @@ def parse_size(text: str) -> tuple[int, int]:
     return w, h
 
 
+GUI_SWITCH_INTERVAL_S = 0.001
+
+
 def make_application(argv: Sequence[str] = ()) -> QApplication:
     """The QApplication: high-DPI scaling that follows the screen exactly, the system palette."""
     existing = QApplication.instance()
     if isinstance(existing, QApplication):
         return existing
+    # Workers (scan, sizing) run Python for long stretches; every call Qt makes into Python on
+    # the GUI thread then waits for the GIL, up to one switch interval each (5 ms by default).
+    # 1 ms keeps painting and input responsive (measured by tests/ui/test_stall.py).
+    sys.setswitchinterval(GUI_SWITCH_INTERVAL_S)
     QGuiApplication.setHighDpiScaleFactorRoundingPolicy(
         Qt.HighDpiScaleFactorRoundingPolicy.PassThrough
     )

@@ -15,8 +15,10 @@ from PySide6.QtCore import QByteArray, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QComboBox,
+    QDockWidget,
     QFileDialog,
     QFrame,
+    QHBoxLayout,
     QLabel,
     QMainWindow,
     QProgressBar,
@@ -40,6 +42,8 @@ from qmgui.stores import default_store_roots
 from qmgui.ui import hardware
 from qmgui.ui.drop import DropFilter
 from qmgui.ui.empty_state import EmptyState
+from qmgui.ui.engine_runner import EngineRunner
+from qmgui.ui.engines_panel import EnginesPanel
 from qmgui.ui.model_table import ModelTable
 from qmgui.ui.plan_panel import DEFAULT_CONTEXT, PlanPanel
 from qmgui.ui.planning import (
@@ -141,7 +145,7 @@ class MainWindow(QMainWindow):
         preview_box = QWidget(self)
         preview_layout = QVBoxLayout(preview_box)
         preview_layout.setContentsMargins(12, 4, 4, 4)
-        preview_layout.addWidget(self.preview)
+        preview_layout.addWidget(self._command_box())
         self.detail_split.addWidget(preview_box)
         self.detail_split.setStretchFactor(0, 3)
         self.detail_split.setStretchFactor(1, 1)
@@ -173,6 +177,27 @@ class MainWindow(QMainWindow):
         self.drops = DropFilter(self)
         for w in (self, self.table.view.viewport(), self.empty):
             self.drops.watch(w)
+
+    def _command_box(self) -> QWidget:
+        """The launch command with its Start button; the Engines dock (bottom) beside them."""
+        self.engine_runner = EngineRunner(self)
+        self.engines_panel = EnginesPanel(self.engine_runner, self)
+        self.engines_dock = QDockWidget("Engines", self)
+        self.engines_dock.setObjectName("engines-dock")
+        self.engines_dock.setWidget(self.engines_panel)
+        self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, self.engines_dock)
+        box = QWidget(self)
+        layout = QVBoxLayout(box)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.preview, 1)
+        start_row = QHBoxLayout()
+        start_row.addStretch(1)
+        self.start_button = QPushButton("Start", box)
+        self.start_button.setToolTip("Run this command now and watch it in the Engines panel")
+        self.start_button.setEnabled(False)
+        start_row.addWidget(self.start_button)
+        layout.addLayout(start_row)
+        return box
 
     def _build_toolbar(self) -> None:
         bar = QToolBar("Main", self)
@@ -258,6 +283,11 @@ class MainWindow(QMainWindow):
         )
         for worker in (self.scanner, self.planner, self.badger, self.fitter):
             worker.busyChanged.connect(self._check_settled)
+        self.start_button.clicked.connect(self.start_engine)
+        self.engine_runner.added.connect(lambda _id: self.engines_dock.show())
+        self.engines_panel.copied.connect(
+            lambda url: self.statusBar().showMessage(f"Copied {url}", 4000)
+        )
 
     # --- state ------------------------------------------------------------------------------
     @property
@@ -490,6 +520,7 @@ class MainWindow(QMainWindow):
             self.memory.set_bars([])
             self.memory.set_verdict("", ok=True, nearest=False)
             self.preview.clear()
+            self.start_button.setEnabled(False)
             return
         assert isinstance(entry, ModelEntry)
         if self.plan_panel.entry is not None and self.plan_panel.entry.id == entry.id:
@@ -540,6 +571,7 @@ class MainWindow(QMainWindow):
         self.preview.set_command(
             outcome.bash, outcome.powershell, outcome.command.warnings, outcome.engine
         )
+        self.start_button.setEnabled(outcome.command.runnable)
 
     def _hw_words(self) -> str:
         hw = self._hardware
@@ -579,6 +611,19 @@ class MainWindow(QMainWindow):
         else:
             notify.warning(f"{current.name}: {result.reason}", source=SOURCE)
 
+    def start_engine(self) -> int | None:
+        """Start the command on show (the preview's, exactly) under the supervisor, off the GUI
+        thread; the Engines panel follows it. Returns the engine's id."""
+        o = self._outcome
+        current = self.plan_panel.entry
+        if o is None or current is None or o.entry.id != current.id or not o.command.runnable:
+            return None
+        if self.replan_timer.isActive() or self.planner.busy:
+            self.statusBar().showMessage("The command is being updated; press Start again", 4000)
+            return None
+        self.statusBar().showMessage(f"Starting {o.entry.name}…", 4000)
+        return self.engine_runner.start(o, self._resolver)
+
     def _on_failed(self, what: str, error: str) -> None:
         notify.error(f"{what} failed: {error}", source=SOURCE)
 
@@ -600,6 +645,8 @@ class MainWindow(QMainWindow):
         for worker in (self.planner, self.badger, self.fitter):
             worker.cancel()
             worker.wait()
+        self.engines_panel.timer.stop()
+        self.engine_runner.stop_all()  # the quit path: every engine this window started
 
     def closeEvent(self, event: QCloseEvent) -> None:
         self.save_state()

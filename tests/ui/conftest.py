@@ -62,3 +62,16 @@ def make_window(qtbot) -> Iterator[Callable[..., MainWindow]]:  # type: ignore[n
 
 def settle(qtbot, window: MainWindow) -> None:  # type: ignore[no-untyped-def]
     qtbot.waitUntil(window.is_settled, timeout=SETTLE_MS)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _gui_switch_interval() -> Iterator[None]:
+    """The window runs with the app's GIL switch interval (qmgui.app.make_application)."""
+    import sys
+
+    from qmgui.app import GUI_SWITCH_INTERVAL_S
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(GUI_SWITCH_INTERVAL_S)
+    yield
+    sys.setswitchinterval(before)

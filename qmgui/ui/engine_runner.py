@@ -1,0 +1,258 @@
+"""The window's bridge to the engine supervisor: start, stop and restart engines off the GUI
+thread, and hand their state changes to the GUI thread through a queued signal.
+
+An engine is started from a `PlanOutcome`: the argv is the preview's command exactly (its
+placeholder port is replaced by the supervisor's free one, as `qmgui serve` does), the health
+path and kind come from the same resolver. `Supervisor.start()` and `stop()` may block (the
+executable's resolution, a graceful stop's grace period), so both run on worker threads; state
+callbacks arrive on the supervisor's threads and are re-emitted as `changed(id)` on the GUI
+thread. When an engine becomes ready its log is compared with the plan (planned vs actual
+total memory) on the supervisor's thread, never on the GUI's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import dataclass
+
+from PySide6.QtCore import QObject, Qt, Signal
+
+from qmgui import notify
+from qmgui.cli.preview import HEALTH, Resolver
+from qmgui.core.footprint import Footprint
+from qmgui.engines.registry import RunRegistry
+from qmgui.engines.residuals import readback
+from qmgui.engines.supervisor import EngineSpec, State, Supervisor
+from qmgui.ui.planning import PlanOutcome
+
+SOURCE = "engines"
+STOP_GRACE_S = 5.0
+JOIN_S = 30.0
+
+
+def spec_for(outcome: PlanOutcome, resolver: Resolver) -> EngineSpec:
+    """The supervisor's spec for the command the preview shows (ValueError when there is none).
+
+    Mirrors `qmgui serve`: llama-server gets `-lv 4` (the buffer lines the memory comparison
+    reads); the context the user chose is kept (no downshift)."""
+    command = outcome.command
+    if not command.runnable:
+        raise ValueError("; ".join(command.warnings) or "this model has no launch command")
+    target = resolver.target(outcome.entry)
+    if isinstance(target, str):
+        raise ValueError(target)
+    argv = command.argv
+    if target.kind == "llama":
+        argv = (*argv, "-lv", "4")
+    entry = outcome.entry
+    return EngineSpec(
+        argv=argv,
+        name=entry.name,
+        kind=target.kind,
+        health_path=HEALTH.get(target.kind, "/health"),
+        env=dict(command.env) or None,
+        model_bytes=entry.size_bytes,
+        default_ctx=entry.meta.context_length if entry.meta else None,
+    )
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Planned and actual total bytes once the engine is ready (None: unknown)."""
+
+    planned: int | None
+    actual: int | None
+
+
+def memory_of(log_text: str, footprint: Footprint | None) -> Memory:
+    plan = footprint or Footprint(settings=None, n_gpu_layers=0, layer_devices=(), devices=())  # type: ignore[arg-type]
+    rb = readback(log_text, plan)
+    planned = [sum(r.planned.values()) for r in rb.rows if r.planned is not None]
+    actual = [sum(r.actual.values()) for r in rb.rows if r.actual is not None]
+    return Memory(
+        sum(planned) if planned and footprint is not None else None,
+        sum(actual) if actual else None,
+    )
+
+
+@dataclass
+class Engine:
+    """One engine the window started (a restart keeps the id, with a new supervisor)."""
+
+    id: int
+    name: str
+    spec: EngineSpec | None
+    footprint: Footprint | None
+    supervisor: Supervisor | None = None
+    ready_at: float | None = None  # monotonic
+    memory: Memory | None = None
+    error: str = ""  # why it could not be started
+    busy: bool = False  # a start, stop or restart is on its way
+
+    @property
+    def state(self) -> State:
+        if self.supervisor is None:
+            return State.FAILED if self.error else State.STARTING
+        return self.supervisor.state
+
+    @property
+    def url(self) -> str | None:
+        return self.supervisor.url if self.supervisor is not None else None
+
+    def uptime_s(self) -> float | None:
+        if self.ready_at is None or self.state != State.READY:
+            return None
+        return time.monotonic() - self.ready_at
+
+
+class EngineRunner(QObject):
+    """The engines this window started. `changed(id)` (GUI thread) after any change to one;
+    `added(id)` when a new one appears."""
+
+    changed = Signal(int)
+    added = Signal(int)
+    _state = Signal(int, object)  # id, State: posted from the supervisor's threads
+
+    def __init__(self, parent: QObject | None = None, *, registry: bool = True) -> None:
+        super().__init__(parent)
+        self.engines: dict[int, Engine] = {}
+        self._next = 1
+        self._threads: list[threading.Thread] = []
+        self._registry = RunRegistry() if registry else None
+        self._state.connect(self._on_state, Qt.ConnectionType.QueuedConnection)
+
+    # --- commands (GUI thread) ----------------------------------------------------------------
+    def start(self, outcome: PlanOutcome, resolver: Resolver) -> int:
+        """Start the command of `outcome` on a worker thread; returns the engine's id."""
+        eid = self._next
+        self._next += 1
+        fp = outcome.fit.footprint if outcome.fit is not None else None
+        engine = Engine(eid, outcome.entry.name, None, fp, busy=True)
+        self.engines[eid] = engine
+        self.added.emit(eid)
+        self._spawn(f"start-{eid}", lambda: self._start(engine, outcome, resolver))
+        return eid
+
+    def stop(self, eid: int) -> None:
+        engine = self.engines.get(eid)
+        if engine is None or engine.supervisor is None or engine.busy:
+            return
+        engine.busy = True
+        self.changed.emit(eid)
+        sup = engine.supervisor
+        self._spawn(f"stop-{eid}", lambda: self._stop(engine, sup))
+
+    def restart(self, eid: int) -> None:
+        engine = self.engines.get(eid)
+        if engine is None or engine.spec is None or engine.busy:
+            return
+        engine.busy = True
+        self.changed.emit(eid)
+        old = engine.supervisor
+        self._spawn(f"restart-{eid}", lambda: self._restart(engine, old))
+
+    def remove(self, eid: int) -> None:
+        """Forget an engine that has ended."""
+        engine = self.engines.get(eid)
+        if engine is not None and engine.state.final and not engine.busy:
+            del self.engines[eid]
+            self.changed.emit(eid)
+
+    def running(self) -> list[Engine]:
+        return [e for e in self.engines.values() if not e.state.final]
+
+    def stop_all(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Stop every engine this runner started and wait for it (the quit path)."""
+        self.wait()
+        sups = [e.supervisor for e in self.engines.values() if e.supervisor is not None]
+        threads = [
+            threading.Thread(target=s.stop, args=(grace_s,), daemon=True)
+            for s in sups
+            if not s.state.final
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(2 * grace_s + 10)
+
+    def wait(self, timeout: float = JOIN_S) -> None:
+        """Join the start/stop/restart threads running now."""
+        for t in list(self._threads):
+            t.join(timeout)
+        self._threads = [t for t in self._threads if t.is_alive()]
+
+    # --- worker threads -----------------------------------------------------------------------
+    def _spawn(self, name: str, target: object) -> None:
+        self._threads = [t for t in self._threads if t.is_alive()]
+        t = threading.Thread(target=target, name=f"qmgui-engine-{name}", daemon=True)  # type: ignore[arg-type]
+        self._threads.append(t)
+        t.start()
+
+    def _post(self, eid: int, state: State) -> None:
+        with contextlib.suppress(RuntimeError):  # the window is gone
+            self._state.emit(eid, state)
+
+    def _launch(self, engine: Engine, spec: EngineSpec) -> None:
+        sup = Supervisor(spec, registry=self._registry)
+
+        def on_state(s: Supervisor, state: State) -> None:
+            if s is not engine.supervisor:
+                return
+            if state == State.READY:
+                engine.ready_at = time.monotonic()
+                try:
+                    engine.memory = memory_of(s.log.text(), engine.footprint)
+                except Exception:  # a comparison is a nicety, never a failure
+                    engine.memory = Memory(None, None)
+            if state in (State.CRASHED, State.FAILED):
+                outcome = s.outcome
+                notify.error(str(outcome or f"{engine.name} {state.value}"), source=SOURCE)
+            self._post(engine.id, state)
+
+        engine.ready_at = None
+        engine.memory = None
+        engine.supervisor = sup
+        sup.subscribe(on_state)
+        sup.start()
+
+    def _start(self, engine: Engine, outcome: PlanOutcome, resolver: Resolver) -> None:
+        try:
+            engine.spec = spec_for(outcome, resolver)
+            self._launch(engine, engine.spec)
+        except Exception as e:  # a start that cannot happen is a message, not a crash
+            engine.error = str(e) or type(e).__name__
+            notify.error(f"{engine.name} could not start: {engine.error}", source=SOURCE)
+        finally:
+            engine.busy = False
+            self._post(engine.id, engine.state)
+
+    def _stop(self, engine: Engine, sup: Supervisor) -> None:
+        try:
+            outcome = sup.stop(STOP_GRACE_S)
+            notify.info(str(outcome), source=SOURCE)
+        except Exception as e:
+            notify.error(f"{engine.name} did not stop: {e}", source=SOURCE)
+        finally:
+            engine.busy = False
+            self._post(engine.id, engine.state)
+
+    def _restart(self, engine: Engine, old: Supervisor | None) -> None:
+        try:
+            if old is not None and not old.state.final:
+                old.stop(STOP_GRACE_S)
+            assert engine.spec is not None
+            engine.error = ""
+            self._launch(engine, engine.spec)
+        except Exception as e:
+            engine.error = str(e) or type(e).__name__
+            notify.error(f"{engine.name} could not restart: {engine.error}", source=SOURCE)
+        finally:
+            engine.busy = False
+            self._post(engine.id, engine.state)
+
+    # --- GUI thread ---------------------------------------------------------------------------
+    def _on_state(self, eid: int, state: object) -> None:
+        if eid in self.engines:
+            self.changed.emit(eid)

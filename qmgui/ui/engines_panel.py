@@ -1,0 +1,254 @@
+"""The engines this window started: model, state, URL, uptime and planned vs actual memory,
+the selected engine's log (followed on a timer from the supervisor's ring buffer), and Copy
+URL / Stop / Restart. It shows what its `EngineRunner` holds and asks it to act; the runner
+does the blocking work on its own threads."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QFontDatabase, QGuiApplication
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QPlainTextEdit,
+    QPushButton,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from qmgui.core.units import format_bytes
+from qmgui.engines.supervisor import State
+from qmgui.ui.engine_runner import Engine, EngineRunner
+
+REFRESH_MS = 500
+LOG_LINES = 400  # the log view shows at most the last this many lines of the ring buffer
+COLUMNS = ("Model", "State", "URL", "Uptime", "Memory (planned / actual)")
+COL_MODEL, COL_STATE, COL_URL, COL_UPTIME, COL_MEMORY = range(len(COLUMNS))
+
+
+def uptime_words(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    s = int(seconds)
+    h, rest = divmod(s, 3600)
+    m, sec = divmod(rest, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+def memory_words(engine: Engine) -> str:
+    mem = engine.memory
+    if mem is None:
+        return ""
+    planned = format_bytes(mem.planned) if mem.planned is not None else "—"
+    actual = format_bytes(mem.actual) if mem.actual is not None else "—"
+    return f"{planned} / {actual}"
+
+
+def state_words(engine: Engine) -> str:
+    if engine.busy:
+        return {State.READY: "stopping…"}.get(engine.state, engine.state.value + "…")
+    return engine.state.value
+
+
+class EnginesPanel(QWidget):
+    """`copied(url)` after Copy URL."""
+
+    copied = Signal(str)
+
+    def __init__(self, runner: EngineRunner, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.runner = runner
+        self._ids: list[int] = []
+        self._log_key: tuple[int, int, int, str] | None = None
+
+        title = QLabel("<b>Engines</b>", self)
+        self.copy_button = QPushButton("Copy URL", self)
+        self.copy_button.setToolTip("Copy the selected engine's address")
+        self.stop_button = QPushButton("Stop", self)
+        self.stop_button.setToolTip("Stop the selected engine (its whole process tree)")
+        self.restart_button = QPushButton("Restart", self)
+        self.restart_button.setToolTip("Stop the selected engine and start it again")
+
+        self.table = self._build_table()
+        self.log = self._build_log()
+
+        top = QHBoxLayout()
+        top.addWidget(title)
+        top.addStretch(1)
+        top.addWidget(self.copy_button)
+        top.addWidget(self.stop_button)
+        top.addWidget(self.restart_button)
+        self.split = QSplitter(Qt.Orientation.Horizontal, self)
+        self.split.addWidget(self.table)
+        self.split.addWidget(self.log)
+        self.split.setStretchFactor(0, 1)
+        self.split.setStretchFactor(1, 1)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(8, 4, 8, 4)
+        layout.addLayout(top)
+        layout.addWidget(self.split, 1)
+
+        self.timer = QTimer(self)
+        self.timer.setInterval(REFRESH_MS)
+
+        self.copy_button.clicked.connect(self.copy_url)
+        self.stop_button.clicked.connect(self._stop)
+        self.restart_button.clicked.connect(self._restart)
+        self.table.itemSelectionChanged.connect(self._on_selection)
+        self.timer.timeout.connect(self.refresh)
+        runner.added.connect(self._on_added)
+        runner.changed.connect(self._on_changed)
+        self._update_buttons()
+
+    def _build_table(self) -> QTableWidget:
+        table = QTableWidget(0, len(COLUMNS), self)
+        table.setHorizontalHeaderLabels(list(COLUMNS))
+        table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        table.verticalHeader().hide()
+        header = table.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        header.setStretchLastSection(True)
+        return table
+
+    def _build_log(self) -> QPlainTextEdit:
+        log = QPlainTextEdit(self)
+        log.setReadOnly(True)
+        log.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
+        log.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
+        log.setMaximumBlockCount(LOG_LINES)
+        log.setPlaceholderText("Start a model to see its engine's log here.")
+        return log
+
+    # --- what is shown ----------------------------------------------------------------------
+    def selected_id(self) -> int | None:
+        rows = self.table.selectionModel().selectedRows()
+        if not rows:
+            return None
+        row = rows[0].row()
+        return self._ids[row] if 0 <= row < len(self._ids) else None
+
+    def selected(self) -> Engine | None:
+        eid = self.selected_id()
+        return None if eid is None else self.runner.engines.get(eid)
+
+    def select(self, eid: int) -> None:
+        if eid in self._ids:
+            self.table.selectRow(self._ids.index(eid))
+
+    def state_of(self, eid: int) -> str:
+        """The State column's text for engine `eid` ("" when it is not listed)."""
+        if eid not in self._ids:
+            return ""
+        item = self.table.item(self._ids.index(eid), COL_STATE)
+        return item.text() if item else ""
+
+    def _on_added(self, eid: int) -> None:
+        self._sync_rows()
+        self.select(eid)
+        if not self.timer.isActive():
+            self.timer.start()
+
+    def _on_changed(self, eid: int) -> None:
+        self._sync_rows()
+        self._update_buttons()
+
+    def _sync_rows(self) -> None:
+        ids = list(self.runner.engines)
+        if ids != self._ids:
+            keep = self.selected_id()
+            self._ids = ids
+            self.table.setRowCount(len(ids))
+            if keep in ids:
+                self.select(keep)
+        for row, eid in enumerate(ids):
+            self._fill_row(row, self.runner.engines[eid])
+
+    def _fill_row(self, row: int, engine: Engine) -> None:
+        url = engine.url or ""
+        texts = (
+            engine.name,
+            state_words(engine),
+            url,
+            uptime_words(engine.uptime_s()),
+            memory_words(engine),
+        )
+        for col, text in enumerate(texts):
+            item = self.table.item(row, col)
+            if item is None:
+                item = QTableWidgetItem(text)
+                self.table.setItem(row, col, item)
+            elif item.text() != text:
+                item.setText(text)
+        tip = engine.error
+        if not tip and engine.supervisor is not None and engine.state.final:
+            tip = str(engine.supervisor.outcome or "")
+        state_item = self.table.item(row, COL_STATE)
+        if state_item is not None and state_item.toolTip() != tip:
+            state_item.setToolTip(tip)
+
+    def refresh(self) -> None:
+        """The timer: uptimes, states and the selected engine's log tail (all cheap reads)."""
+        self._sync_rows()
+        self._update_buttons()
+        self._follow_log()
+        if not self.runner.running() and not any(e.busy for e in self.runner.engines.values()):
+            self.timer.stop()
+            self._follow_log()
+
+    def _follow_log(self) -> None:
+        engine = self.selected()
+        sup = engine.supervisor if engine is not None else None
+        if sup is None:
+            if self._log_key is not None:
+                self._log_key = None
+                self.log.clear()
+            return
+        lines = sup.log.tail(LOG_LINES)
+        key = (engine.id if engine else 0, id(sup), len(lines), lines[-1] if lines else "")
+        if key == self._log_key:
+            return
+        self._log_key = key
+        bar = self.log.verticalScrollBar()
+        at_end = bar.value() >= bar.maximum() - 2
+        self.log.setPlainText("\n".join(lines))
+        if at_end:
+            bar.setValue(bar.maximum())
+
+    def _on_selection(self) -> None:
+        self._update_buttons()
+        self._follow_log()
+
+    def _update_buttons(self) -> None:
+        engine = self.selected()
+        live = engine is not None and not engine.busy and not engine.state.final
+        self.copy_button.setEnabled(engine is not None and bool(engine.url) and live)
+        self.stop_button.setEnabled(live and engine is not None and engine.supervisor is not None)
+        self.restart_button.setEnabled(
+            engine is not None and not engine.busy and engine.spec is not None
+        )
+
+    # --- actions ----------------------------------------------------------------------------
+    def copy_url(self) -> None:
+        engine = self.selected()
+        if engine is not None and engine.url:
+            QGuiApplication.clipboard().setText(engine.url)
+            self.copied.emit(engine.url)
+
+    def _stop(self) -> None:
+        eid = self.selected_id()
+        if eid is not None:
+            self.runner.stop(eid)
+
+    def _restart(self) -> None:
+        eid = self.selected_id()
+        if eid is not None:
+            self.runner.restart(eid)
+            if not self.timer.isActive():
+                self.timer.start()

@@ -1,0 +1,127 @@
+"""The Engines panel: Start the selected model's command under the supervisor, follow it to
+READY, Copy / Stop, and the quit path stopping what the window started."""
+
+from __future__ import annotations
+
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+from PySide6.QtGui import QGuiApplication
+
+from qmgui.engines.llama_run import find_llama_server
+from qmgui.engines.supervisor import State
+from qmgui.ui.engines_panel import uptime_words
+from qmgui.ui.main_window import MainWindow
+from tests.synth.factory import PRESETS, write_gguf
+from tests.ui.conftest import settle
+
+LLAMA_SERVER = find_llama_server()
+READY_MS = 60_000
+
+
+@pytest.fixture
+def one_model(tmp_path: Path) -> Path:
+    d = tmp_path / "one"
+    write_gguf(d / "tiny-llama.gguf", PRESETS["llama"])
+    return d
+
+
+@pytest.fixture
+def llama_on_path() -> str:
+    """The window's command names the llama-server `find_llama_server` finds."""
+    if LLAMA_SERVER is None:
+        pytest.skip("llama-server not found")
+    return LLAMA_SERVER
+
+
+def ready_window(qtbot, make_window, root: Path) -> MainWindow:  # type: ignore[no-untyped-def]
+    w: MainWindow = make_window([str(root)])
+    settle(qtbot, w)
+    assert w.table.select_name("tiny-llama")
+    settle(qtbot, w)
+    assert w.outcome is not None and w.outcome.command.runnable
+    qtbot.waitUntil(w.start_button.isEnabled)
+    return w
+
+
+def test_uptime_words() -> None:
+    assert uptime_words(None) == ""
+    assert uptime_words(65) == "1:05"
+    assert uptime_words(3725) == "1:02:05"
+
+
+def test_start_with_a_missing_engine_fails_in_the_panel(  # type: ignore[no-untyped-def]
+    qtbot, make_window, one_model: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # no llama-server anywhere: the command names the bare executable, which is not found
+    monkeypatch.setattr("qmgui.cli.preview.find_llama_server", lambda env=None: None)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    w = ready_window(qtbot, make_window, one_model)
+    w.start_button.click()
+    qtbot.waitUntil(lambda: len(w.engine_runner.engines) == 1)
+    (eid,) = w.engine_runner.engines
+    qtbot.waitUntil(lambda: w.engines_panel.state_of(eid) == "failed", timeout=10_000)
+    engine = w.engine_runner.engines[eid]
+    assert engine.supervisor is not None and engine.supervisor.outcome is not None
+    assert "cannot start" in str(engine.supervisor.outcome)
+    assert not w.engines_panel.stop_button.isEnabled()
+    assert w.engines_panel.restart_button.isEnabled()
+    w.engine_runner.wait()
+
+
+def test_start_ready_health_copy_stop(  # type: ignore[no-untyped-def]
+    qtbot, make_window, one_model: Path, llama_on_path: str
+) -> None:
+    w = ready_window(qtbot, make_window, one_model)
+    panel = w.engines_panel
+    w.start_button.click()
+    qtbot.waitUntil(lambda: len(w.engine_runner.engines) == 1)
+    (eid,) = w.engine_runner.engines
+    engine = w.engine_runner.engines[eid]
+    try:
+        qtbot.waitUntil(
+            lambda: panel.state_of(eid) == "ready" or engine.state.final, timeout=READY_MS
+        )
+        assert panel.state_of(eid) == "ready", engine.supervisor and engine.supervisor.outcome
+        sup = engine.supervisor
+        assert sup is not None and sup.url is not None
+        # the command is the preview's, its port replaced by a free one
+        assert sup.argv is not None and sup.argv[0].endswith("llama-server")
+        assert w.outcome is not None and w.outcome.command.argv[1:3] == sup.argv[1:3]
+        with urllib.request.urlopen(f"{sup.url}/health", timeout=5) as r:
+            assert r.status == 200
+        row = panel.table
+        assert row.item(0, 2).text() == sup.url
+        # planned vs actual total memory once ready
+        qtbot.waitUntil(lambda: "/" in row.item(0, 4).text(), timeout=5_000)
+        assert engine.memory is not None and engine.memory.actual
+        # the log view follows the ring buffer
+        qtbot.waitUntil(lambda: "qmgui:" in panel.log.toPlainText(), timeout=5_000)
+        panel.copy_url()
+        assert QGuiApplication.clipboard().text() == sup.url
+        assert sup.pid is not None
+        pids = [sup.pid, *(c.pid for c in psutil.Process(sup.pid).children(recursive=True))]
+
+        assert panel.stop_button.isEnabled()
+        panel.stop_button.click()
+        qtbot.waitUntil(lambda: panel.state_of(eid) == "stopped", timeout=30_000)
+        w.engine_runner.wait()
+        assert not any(psutil.pid_exists(p) for p in pids)
+    finally:
+        w.engine_runner.stop_all()
+
+
+def test_quit_stops_every_engine(  # type: ignore[no-untyped-def]
+    qtbot, make_window, one_model: Path, llama_on_path: str
+) -> None:
+    w = ready_window(qtbot, make_window, one_model)
+    eid = w.start_engine()
+    assert eid is not None
+    engine = w.engine_runner.engines[eid]
+    qtbot.waitUntil(lambda: engine.state == State.READY or engine.state.final, timeout=READY_MS)
+    assert engine.state == State.READY
+    w.close()  # no tray yet: closing is quitting
+    assert engine.state == State.STOPPED
+    assert not w.engine_runner.running()
