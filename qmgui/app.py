@@ -97,6 +97,8 @@ def run(argv: Sequence[str]) -> int:
     if args.models:
         window.add_roots([args.models])
     window.show()
+    if window.tray is not None:
+        window.tray.install()  # nothing where the platform has no tray
     window.start()
     return app.exec()
 
@@ -178,9 +180,11 @@ def screenshot(
     app = make_application()
     if models is not None:
         loaded = LoadResult(Settings())  # DIR is the only root; nothing read or written
-        window = MainWindow(loaded, roots=[models], persist=False, hardware_choice=what_if)
+        window = MainWindow(
+            loaded, roots=[models], persist=False, hardware_choice=what_if, tray=False
+        )
     else:
-        window = MainWindow(load_settings(), persist=False, hardware_choice=what_if)
+        window = MainWindow(load_settings(), persist=False, hardware_choice=what_if, tray=False)
     window.resize(*size)
     shooter = _Shooter(window, path, select, ctx)
     window.show()

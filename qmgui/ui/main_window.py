@@ -40,6 +40,7 @@ from qmgui.core.units import MIB
 from qmgui.settings import LoadResult, ModelOverride, Settings, load_settings, save_settings
 from qmgui.stores import default_store_roots
 from qmgui.ui import hardware
+from qmgui.ui.backends_dialog import BackendsDialog
 from qmgui.ui.drop import DropFilter
 from qmgui.ui.empty_state import EmptyState
 from qmgui.ui.engine_runner import EngineRunner
@@ -54,6 +55,7 @@ from qmgui.ui.planning import (
     plan_model,
 )
 from qmgui.ui.preview_pane import PreviewPane
+from qmgui.ui.tray import CloseDecision, QuitChoice, RunnerEngines, Tray, app_icon
 from qmgui.ui.vram_bar import MemoryPanel, bars_for
 from qmgui.ui.workers import LatestWins, ScanRunner
 
@@ -99,6 +101,7 @@ class MainWindow(QMainWindow):
         persist: bool = True,
         probe: bool = True,
         hardware_choice: str | None = None,
+        tray: bool = True,
     ) -> None:
         super().__init__()
         self.setWindowTitle("qmgui")
@@ -113,6 +116,18 @@ class MainWindow(QMainWindow):
         self._pending_select: str | None = None
 
         self._build_widgets()
+        self.setWindowIcon(app_icon())
+        # the tray keeps engines running when the window closes (None: the window is the app)
+        self.tray: Tray | None = (
+            Tray(
+                self,
+                RunnerEngines(self.engine_runner, self),
+                load=lambda: self.settings,
+                save=self._store,
+            )
+            if tray
+            else None
+        )
         self._build_toolbar()
         self._build_status_bar()
         self._connect_signals()
@@ -210,12 +225,18 @@ class MainWindow(QMainWindow):
         self.rescan_action = QAction("Rescan", self)
         self.rescan_action.setShortcut(QKeySequence(Qt.Key.Key_F5))
         self.rescan_action.setToolTip("Look for models again (F5)")
+        self.backends_action = QAction("Backends…", self)
+        self.backends_action.setShortcut(QKeySequence("Ctrl+B"))
+        self.backends_action.setToolTip(
+            "The engines qmgui can run, and the ★ default per model class (Ctrl+B)"
+        )
         self.quit_action = QAction("Quit", self)
         self.quit_action.setShortcut(QKeySequence("Ctrl+Q"))
         self.quit_action.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut)
         self.addAction(self.quit_action)
         bar.addAction(self.add_action)
         bar.addAction(self.rescan_action)
+        bar.addAction(self.backends_action)
         spacer = QWidget(bar)
         spacer.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
         bar.addWidget(spacer)
@@ -256,7 +277,8 @@ class MainWindow(QMainWindow):
         self.add_action.triggered.connect(self.choose_folder)
         self.empty.addFolderRequested.connect(self.choose_folder)
         self.rescan_action.triggered.connect(self.rescan)
-        self.quit_action.triggered.connect(self.close)
+        self.quit_action.triggered.connect(self._quit)
+        self.backends_action.triggered.connect(self.open_backends)
         self.filter_shortcut.activated.connect(self.focus_filter)
         self.hardware_box.currentTextChanged.connect(self.set_hardware)
         self.drops.dropped.connect(self._on_drop)
@@ -637,6 +659,26 @@ class MainWindow(QMainWindow):
         self.table.filter.setFocus(Qt.FocusReason.ShortcutFocusReason)
         self.table.filter.selectAll()
 
+    def _quit(self) -> None:
+        if self.tray is not None:
+            self.tray.request_quit()  # asks about running engines, then closes and quits
+        else:
+            self.close()
+
+    def open_backends(self) -> None:
+        """The backend registry dialog; a save replaces the window's settings (so a later
+        save of the UI state does not write the old registry back)."""
+        dialog = BackendsDialog(
+            self, settings_loader=lambda: self._loaded, models=self.table.model.entries
+        )
+        dialog.saved.connect(self._on_backends_saved)
+        dialog.open()
+
+    def _on_backends_saved(self, loaded: LoadResult) -> None:
+        self._loaded = loaded
+        self._resolver.loaded = loaded
+        self._schedule_plan()
+
     def shutdown(self) -> None:
         """Stop and join every worker; forget the notifier (safe to call twice)."""
         self.replan_timer.stop()
@@ -646,9 +688,13 @@ class MainWindow(QMainWindow):
             worker.cancel()
             worker.wait()
         self.engines_panel.timer.stop()
-        self.engine_runner.stop_all()  # the quit path: every engine this window started
+        if self.tray is None or self.tray.quit_choice is not QuitChoice.LEAVE:
+            self.engine_runner.stop_all()  # the quit path: every engine this window started
 
     def closeEvent(self, event: QCloseEvent) -> None:
+        if self.tray is not None and self.tray.close_policy(event) is not CloseDecision.QUIT:
+            self.save_state()  # hidden to the tray with engines running, or cancelled
+            return
         self.save_state()
         self.shutdown()
         super().closeEvent(event)

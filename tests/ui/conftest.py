@@ -46,6 +46,7 @@ def make_window(qtbot) -> Iterator[Callable[..., MainWindow]]:  # type: ignore[n
 
     def make(roots: list[str] | None = None, **kw: object) -> MainWindow:
         loaded = LoadResult(Settings(model_roots=roots or []))
+        kw.setdefault("tray", False)  # tests of the tray build their own
         w = MainWindow(loaded, probe=False, **kw)  # type: ignore[arg-type]
         qtbot.addWidget(w)
         w.resize(1280, 800)

@@ -195,3 +195,19 @@ def test_ui_state_saved_on_close(qtbot, make_window, models: Path) -> None:  # t
     current = again.table.current_entry()
     assert current is not None and current.id == ui.last_model_id
     again.close()
+
+
+def test_tray_and_backends_are_wired(qtbot, make_window, models: Path) -> None:  # type: ignore[no-untyped-def]
+    """With the tray on (offscreen there is no system tray): closing with no engine running
+    quits as before; the Backends action opens the registry dialog over the window's models."""
+    from qmgui.ui.backends_dialog import BackendsDialog
+
+    w = make_window([str(models)], tray=True)
+    settle(qtbot, w)
+    assert w.tray is not None
+    assert w.backends_action.shortcut().toString() == "Ctrl+B"
+    w.backends_action.trigger()
+    dialogs = list(w.findChildren(BackendsDialog))
+    assert len(dialogs) == 1
+    dialogs[0].close()
+    assert w.close()
