@@ -57,7 +57,7 @@ from qmgui.ui.planning import (
 from qmgui.ui.preview_pane import PreviewPane
 from qmgui.ui.tray import CloseDecision, QuitChoice, RunnerEngines, Tray, app_icon
 from qmgui.ui.vram_bar import MemoryPanel, bars_for
-from qmgui.ui.workers import LatestWins, ScanRunner
+from qmgui.ui.workers import Breather, LatestWins, ScanRunner
 
 SOURCE = "window"
 REPLAN_THROTTLE_MS = 100  # slider drags re-plan at most this often (qutebrowser's throttle)
@@ -526,7 +526,12 @@ class MainWindow(QMainWindow):
         hw, reserve = self._hardware, self.reserve_mib
 
         def task() -> dict[str, BadgeResult]:
-            return {e.id: fit_badge(e, hw, reserve) for e in entries}
+            breathe = Breather()  # leave the GUI thread room to paint between models
+            out = {}
+            for e in entries:
+                out[e.id] = fit_badge(e, hw, reserve)
+                breathe()
+            return out
 
         self.badger.submit(task)
 

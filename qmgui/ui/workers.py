@@ -13,6 +13,7 @@ import contextlib
 import enum
 import logging
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -115,6 +116,25 @@ class LatestWins(QObject):
             self.busyChanged.emit(False)
 
 
+class Breather:
+    """Call it often from a worker loop: after every `work_s` of work it sleeps `pause_s`.
+
+    A worker running Python keeps the GIL for a whole switch interval at a time, and the GUI
+    thread needs it for every call Qt makes into Python (each cell a table paints), so a busy
+    worker turns one paint into hundreds of waits (tests/ui/test_stall.py measured 350 ms).
+    A short sleep now and then hands the GUI thread a window to finish its work in one go."""
+
+    def __init__(self, work_s: float = 0.004, pause_s: float = 0.002) -> None:
+        self.work_s = work_s
+        self.pause_s = pause_s
+        self._since = time.monotonic()
+
+    def __call__(self) -> None:
+        if time.monotonic() - self._since >= self.work_s:
+            time.sleep(self.pause_s)
+            self._since = time.monotonic()
+
+
 class ScanRunner(QObject):
     """Scans model roots on a worker thread with progress, cancellable; results replace the
     list (`finished(ScanResult)`)."""
@@ -152,7 +172,10 @@ class ScanRunner(QObject):
         self._runner.wait(timeout)
 
     def _scan(self, roots: list[str], stop: threading.Event) -> ScanResult:
+        breathe = Breather()
+
         def progress(done: int, total: int, path: str) -> None:
+            breathe()
             try:
                 self.progress.emit(done, total, path)
             except RuntimeError:
