@@ -116,6 +116,9 @@ class LatestWins(QObject):
             self.busyChanged.emit(False)
 
 
+PROGRESS_INTERVAL_S = 0.05
+
+
 class Breather:
     """Call it often from a worker loop: after every `work_s` of work it sleeps `pause_s`.
 
@@ -173,9 +176,14 @@ class ScanRunner(QObject):
 
     def _scan(self, roots: list[str], stop: threading.Event) -> ScanResult:
         breathe = Breather()
+        last = [0.0]
 
         def progress(done: int, total: int, path: str) -> None:
             breathe()
+            now = time.monotonic()
+            if done < total and now - last[0] < PROGRESS_INTERVAL_S:
+                return  # a progress bar needs ~20 updates a second, not one per file
+            last[0] = now
             try:
                 self.progress.emit(done, total, path)
             except RuntimeError:
