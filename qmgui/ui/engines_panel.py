@@ -66,7 +66,8 @@ class EnginesPanel(QWidget):
         self._ids: list[int] = []
         self._log_key: tuple[int, int, int, str] | None = None
 
-        title = QLabel("<b>Engines</b>", self)
+        # the dock around this panel carries the "Engines" title; this line says what to do
+        title = QLabel("Running engines: start one with Start under the launch command.", self)
         self.copy_button = QPushButton("Copy URL", self)
         self.copy_button.setToolTip("Copy the selected engine's address")
         self.stop_button = QPushButton("Stop", self)

@@ -84,6 +84,9 @@ def initial_settings(entry: ModelEntry, ov: ModelOverride | None) -> LaunchSetti
     )
 
 
+ENGINES_DOCK_HEIGHT = 170  # px at first start; the user's size is kept after
+
+
 class MainWindow(QMainWindow):
     """The model library, the plan of the selected model, its memory and its command.
 
@@ -201,6 +204,8 @@ class MainWindow(QMainWindow):
         self.engines_dock.setObjectName("engines-dock")
         self.engines_dock.setWidget(self.engines_panel)
         self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, self.engines_dock)
+        # a modest strip until an engine runs: the models and the plan are the main view
+        self.resizeDocks([self.engines_dock], [ENGINES_DOCK_HEIGHT], Qt.Orientation.Vertical)
         box = QWidget(self)
         layout = QVBoxLayout(box)
         layout.setContentsMargins(0, 0, 0, 0)
