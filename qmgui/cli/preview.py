@@ -440,19 +440,31 @@ def load_quietly() -> LoadResult:
     return loaded
 
 
-def cmd_preview(args: argparse.Namespace, out: TextIO) -> int:
+def prepare(
+    args: argparse.Namespace, *, port: int | str, source: str
+) -> tuple[Request, ModelEntry, Resolver] | int:
+    """The launch request, the model and the backend resolver a command line asks for, or the
+    exit status of a usage error (already reported through the notifier)."""
     try:
-        req = request_from(args, port=args.port, estimate=False)
+        req = request_from(args, port=port, estimate=False)
     except (ValueError, EmitError) as e:
-        notify.error(str(e), source=SOURCE)
+        notify.error(str(e), source=source)
         return EXIT_USAGE
     entry = entry_for_path(args.model)
     if entry.meta is None:
-        notify.error(f"{args.model}: {entry.error or 'not a model'}", source=SOURCE)
+        notify.error(f"{args.model}: {entry.error or 'not a model'}", source=source)
         return EXIT_USAGE
     resolver = Resolver(
         load_quietly(), backend_arg=args.backend, engine=args.engine, probe=not args.no_probe
     )
+    return req, entry, resolver
+
+
+def cmd_preview(args: argparse.Namespace, out: TextIO) -> int:
+    prepared = prepare(args, port=args.port, source=SOURCE)
+    if isinstance(prepared, int):
+        return prepared
+    req, entry, resolver = prepared
     try:
         target = resolver.target(entry)
         if isinstance(target, str):

@@ -22,14 +22,11 @@ from typing import Any, TextIO
 from qmgui import notify
 from qmgui.cli.plan import add_plan_flags
 from qmgui.cli.preview import (
-    Resolver,
     UsageError,
     add_target_flags,
     emit_model,
-    load_quietly,
-    request_from,
+    prepare,
 )
-from qmgui.core.discovery import entry_for_path
 from qmgui.core.emit import EmitError
 from qmgui.core.errors import SizingError
 from qmgui.core.footprint import Footprint, estimate
@@ -161,18 +158,10 @@ def _list_survivors(registry: RunRegistry) -> None:
 
 
 def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
-    try:
-        req = request_from(args, port=PLACEHOLDER_PORT, estimate=False)
-    except (ValueError, EmitError) as e:
-        notify.error(str(e), source=SOURCE)
-        return EXIT_USAGE
-    entry = entry_for_path(args.model)
-    if entry.meta is None:
-        notify.error(f"{args.model}: {entry.error or 'not a model'}", source=SOURCE)
-        return EXIT_USAGE
-    resolver = Resolver(
-        load_quietly(), backend_arg=args.backend, engine=args.engine, probe=not args.no_probe
-    )
+    prepared = prepare(args, port=PLACEHOLDER_PORT, source=SOURCE)
+    if isinstance(prepared, int):
+        return prepared
+    req, entry, resolver = prepared
     try:
         target = resolver.target(entry)
         if isinstance(target, str):

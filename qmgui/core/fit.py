@@ -70,7 +70,7 @@ def check(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> FitResul
     return FitResult(True, settings, fp)
 
 
-def _largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
+def largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
     """The largest x in [lo, hi] with ok(x), for ok monotone (true then false)."""
     if hi < lo or not ok(lo):
         return None
@@ -107,7 +107,7 @@ def max_context(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> Fi
         fp = estimate(meta, at(k), budget.gpus, compute=False)
         return _within(fp, budget, extra)
 
-    guess = _largest(1, top, cheap_fits) or 1
+    guess = largest(1, top, cheap_fits) or 1
     if fits(guess):
         best: int | None = guess
         step = 1
@@ -115,9 +115,9 @@ def max_context(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> Fi
             best += step
             step *= 2
         if best is not None and best < top:
-            best = _largest(best, min(best + step, top), fits)
+            best = largest(best, min(best + step, top), fits)
     else:
-        best = _largest(1, guess - 1, fits)
+        best = largest(1, guess - 1, fits)
     if best is None:
         smallest = check(meta, at(1), budget)
         nearest = _nearest_offload(meta, at(1), budget)
@@ -162,14 +162,14 @@ def _nearest_offload(
             cand = replace(settings, n_gpu_layers=n_total, n_cpu_moe=meta.n_layer - n)
             return check(meta, cand, budget).fits
 
-        kept = _largest(0, meta.n_layer, moe_ok)
+        kept = largest(0, meta.n_layer, moe_ok)
         if kept is not None:
             return replace(settings, n_gpu_layers=n_total, n_cpu_moe=meta.n_layer - kept)
 
     def ngl_ok(n: int) -> bool:
         return check(meta, replace(settings, n_gpu_layers=n), budget).fits
 
-    ngl = _largest(0, n_total, ngl_ok)
+    ngl = largest(0, n_total, ngl_ok)
     return None if ngl is None else replace(settings, n_gpu_layers=ngl)
 
 
@@ -181,7 +181,7 @@ def max_slots(
     def cand(n: int) -> LaunchSettings:
         return replace(settings, parallel=n, kv_unified=False, ctx_size=ctx_per_slot * n)
 
-    best = _largest(1, most, lambda n: check(meta, cand(n), budget).fits)
+    best = largest(1, most, lambda n: check(meta, cand(n), budget).fits)
     if best is None:
         one = check(meta, cand(1), budget)
         return replace(one, reason=f"not even one slot of {ctx_per_slot} tokens fits: {one.reason}")

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field, replace
 
 from qmgui.core import footprint as _footprint
 from qmgui.core.errors import SizingError
-from qmgui.core.fit import DEFAULT_GPU_RESERVE, Budget, offload_for_context
+from qmgui.core.fit import DEFAULT_GPU_RESERVE, Budget, largest, offload_for_context
 from qmgui.core.footprint import CPU, Footprint, Gpu
 from qmgui.core.launch import CTX_PAD, LaunchSettings, pad
 from qmgui.core.meta import ModelMeta
@@ -249,19 +249,6 @@ def _over(need: int, left: int, where: str) -> str:
         f"needs {format_bytes(need)} on {where}, {format_bytes(need - left)} more than the "
         f"{format_bytes(max(left, 0))} left"
     )
-
-
-def _largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
-    """The largest x in [lo, hi] with ok(x), for ok true up to some x and false after."""
-    if hi < lo or not ok(lo):
-        return None
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 def _trained(meta: ModelMeta) -> int:
@@ -498,7 +485,7 @@ class _Nearest:
             def ok(k: int, cards: tuple[Gpu, ...] = cards) -> bool:
                 return self.at(meta, replace(s, ctx_size=k * CTX_PAD), cards).fits
 
-            k = _largest(1, top, ok)
+            k = largest(1, top, ok)
             if k is not None and (best is None or k > best[0]):
                 best = (k, self.at(meta, replace(s, ctx_size=k * CTX_PAD), cards))
         if best is None:
@@ -577,7 +564,7 @@ def _grow(placer: _Placer, placed: Placed, meta: ModelMeta, target: int) -> Plac
             meta, replace(placed.settings, ctx_size=k * CTX_PAD), cards, room, placer.estimate
         )
 
-    k = _largest(lo, hi, lambda k: at(k).fits)
+    k = largest(lo, hi, lambda k: at(k).fits)
     if k is None or k == lo:
         return placed
     grown = at(k)
