@@ -82,8 +82,8 @@ def report(gaps: dict[str, list[float]]) -> None:
 @pytest.mark.xfail(
     reason="known: a rescan of 500 models still leaves ~50-120 ms gaps on a 2-core machine "
     "(was 850 ms before the table sorted its own list, the GUI switch interval and the "
-    "workers' Breather); what remains is the scan worker holding the GIL while it loads the "
-    "header cache and the 500 progress signals the GUI thread handles",
+    "workers' Breather); what remains is the table's paint while a worker holds the GIL (each "
+    "cell is a call into Python): a model whose display data lives in Qt would remove it",
     strict=False,
 )
 def test_scan_does_not_stall(qtbot, make_window, many_models: Path) -> None:  # type: ignore[no-untyped-def]
