@@ -33,6 +33,7 @@ from PySide6.QtWidgets import (
 
 from qmgui import notify
 from qmgui.cli.preview import Resolver
+from qmgui.core.backends import resolve_backend
 from qmgui.core.discovery import ModelEntry, ScanResult
 from qmgui.core.fit import FitResult
 from qmgui.core.launch import LaunchSettings
@@ -530,18 +531,30 @@ class MainWindow(QMainWindow):
         self.table.model.clear_badges()
         hw, reserve = self._hardware, self.reserve_mib
 
-        def task() -> dict[str, BadgeResult]:
+        registry = [b.to_core() for b in self.settings.backends]
+        pins = {k: o.backend_id for k, o in self.settings.model_overrides.items() if o.backend_id}
+
+        def task() -> tuple[dict[str, BadgeResult], dict[str, tuple[str, str]]]:
             breathe = Breather()  # leave the GUI thread room to paint between models
-            out = {}
+            badges, backends = {}, {}
             for e in entries:
-                out[e.id] = fit_badge(e, hw, reserve)
+                badges[e.id] = fit_badge(e, hw, reserve)
+                choice = resolve_backend(e, registry, pin=pins.get(e.id))
+                label = (
+                    choice.backend.id
+                    if choice.backend
+                    else ("skipped" if choice.skipped else "none")
+                )
+                backends[e.id] = (label, choice.reason)
                 breathe()
-            return out
+            return badges, backends
 
         self.badger.submit(task)
 
-    def _on_badges(self, badges: object) -> None:
-        assert isinstance(badges, dict)
+    def _on_badges(self, result: object) -> None:
+        assert isinstance(result, tuple)
+        badges, backends = result
+        self.table.model.set_backends(backends)
         self.table.model.set_badges(badges)
 
     # --- planning ---------------------------------------------------------------------------
@@ -688,6 +701,7 @@ class MainWindow(QMainWindow):
         self._loaded = loaded
         self._resolver.loaded = loaded
         self._schedule_plan()
+        self._refresh_badges()  # the Backend column follows the registry
 
     def shutdown(self) -> None:
         """Stop and join every worker; forget the notifier (safe to call twice)."""

@@ -48,6 +48,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("quant", "Quant", 58),
     Column("size", "Size", 76),
     Column("context", "Context", 76),
+    Column("backend", "Backend", 110),
     Column("fit", "Fit", 118),
 )
 COLUMN_KEYS = tuple(c.key for c in COLUMNS)
@@ -83,6 +84,7 @@ class ModelTableModel(QAbstractTableModel):
         super().__init__(parent)
         self._entries: list[ModelEntry] = []
         self._badges: dict[str, BadgeResult] = {}
+        self._backends: dict[str, tuple[str, str]] = {}  # id -> (backend label, reason)
         self._sort_column = 0
         self._sort_order = Qt.SortOrder.AscendingOrder
 
@@ -108,6 +110,13 @@ class ModelTableModel(QAbstractTableModel):
             top = self.index(0, FIT_COLUMN)
             bottom = self.index(len(self._entries) - 1, FIT_COLUMN)
             self.dataChanged.emit(top, bottom)
+
+    def set_backends(self, backends: dict[str, tuple[str, str]]) -> None:
+        """Which backend would serve each model (label, and the reason as a tooltip)."""
+        self._backends = dict(backends)
+        if self._entries:
+            column = COLUMN_KEYS.index("backend")
+            self.dataChanged.emit(self.index(0, column), self.index(len(self._entries) - 1, column))
 
     def clear_badges(self) -> None:
         self.set_badges({})
@@ -199,6 +208,9 @@ class ModelTableModel(QAbstractTableModel):
             return format_bytes(e.size_bytes)
         if key == "context":
             return f"{m.context_length:,}" if m and m.context_length else ""
+        if key == "backend":
+            choice = self._backends.get(e.id)
+            return "" if e.error else ("…" if choice is None else choice[0])
         b = self._badges.get(e.id)
         return "…" if b is None else BADGE_TEXT[b.badge]
 
@@ -219,6 +231,9 @@ class ModelTableModel(QAbstractTableModel):
         if key == "fit":
             b = self._badges.get(e.id)
             return b.detail if b else "sizing…"
+        if key == "backend":
+            choice = self._backends.get(e.id)
+            return choice[1] if choice else None
         parts = [e.path]
         if len(e.shards) > 1:
             parts.append(f"{len(e.shards)} shards")

@@ -211,3 +211,32 @@ def test_tray_and_backends_are_wired(qtbot, make_window, models: Path) -> None: 
     assert len(dialogs) == 1
     dialogs[0].close()
     assert w.close()
+
+
+def test_backend_column_follows_the_registry(qtbot, tmp_path: Path, models: Path) -> None:  # type: ignore[no-untyped-def]
+    """The table says which backend would serve each model, and why, from the registry."""
+    from qmgui.settings import BackendEntry, LoadResult, Settings
+    from qmgui.ui.model_table import COLUMN_KEYS
+
+    exe = tmp_path / "llama-server"
+    exe.write_text("#!/bin/sh\n", encoding="utf-8")
+    exe.chmod(0o755)
+    settings = Settings(
+        model_roots=[str(models)],
+        backends=[BackendEntry(id="cuda", kind="llama", executable=str(exe), default_for=["llm"])],
+    )
+    w = MainWindow(LoadResult(settings), probe=False, tray=False)
+    qtbot.addWidget(w)
+    w.start()
+    settle(qtbot, w)
+    column = COLUMN_KEYS.index("backend")
+    m = w.table.model
+    labels = {m.entry(r).name: m.data(m.index(r, column)) for r in range(m.rowCount())}
+    tips = {
+        m.entry(r).name: m.data(m.index(r, column), Qt.ItemDataRole.ToolTipRole)
+        for r in range(m.rowCount())
+    }
+    llm = next(n for n in labels if "qwen2" in n)
+    assert labels[llm] == "cuda"
+    assert "★ default for llm" in tips[llm]
+    w.close()
