@@ -48,3 +48,26 @@ def default_store_roots() -> list[Path]:
         except OSError:
             continue
     return out
+
+
+def common_model_folders() -> list[Path]:
+    """Folders people often keep models in (offered on first run, never scanned unasked):
+    ~/models and its spellings, llama.cpp's own download cache, a checkout's models folder."""
+    home = _home()
+    candidates = [
+        home / "models",
+        home / "Models",
+        home / "llm",
+        home / "LLM",
+        home / "ai" / "models",
+        home / "llama.cpp" / "models",
+        home / ".cache" / "llama.cpp",
+    ]
+    out: list[Path] = []
+    for p in candidates:
+        try:
+            if p.is_dir() and any(p.iterdir()):
+                out.append(p)
+        except OSError:
+            continue
+    return out

@@ -39,7 +39,7 @@ from qmgui.core.fit import FitResult
 from qmgui.core.launch import LaunchSettings
 from qmgui.core.units import MIB
 from qmgui.settings import LoadResult, ModelOverride, Settings, load_settings, save_settings
-from qmgui.stores import default_store_roots
+from qmgui.stores import common_model_folders, default_store_roots
 from qmgui.ui import hardware
 from qmgui.ui.backends_dialog import BackendsDialog
 from qmgui.ui.drop import DropFilter
@@ -185,11 +185,15 @@ class MainWindow(QMainWindow):
         layout.setContentsMargins(8, 8, 8, 4)
         layout.addWidget(self.pages)
         self.setCentralWidget(container)
+        self._build_workers()
 
+    def _build_workers(self) -> None:
+        """Everything slow runs on these, never on the GUI thread."""
         self.scanner = ScanRunner(self)
         self.planner = LatestWins("plan", self)
         self.badger = LatestWins("badges", self)
         self.fitter = LatestWins("fit", self)
+        self.offerer = LatestWins("offer", self)  # first run: folders to offer (disk: a worker)
         self.replan_timer = QTimer(self)
         self.replan_timer.setSingleShot(True)
         self.replan_timer.setInterval(REPLAN_THROTTLE_MS)
@@ -282,6 +286,8 @@ class MainWindow(QMainWindow):
 
         self.add_action.triggered.connect(self.choose_folder)
         self.empty.addFolderRequested.connect(self.choose_folder)
+        self.empty.useFoldersRequested.connect(self.add_roots)
+        self.offerer.finished.connect(self.empty.set_offer)
         self.rescan_action.triggered.connect(self.rescan)
         self.quit_action.triggered.connect(self._quit)
         self.backends_action.triggered.connect(self.open_backends)
@@ -309,7 +315,7 @@ class MainWindow(QMainWindow):
         self.preview.copied.connect(
             lambda _text: self.statusBar().showMessage("Command copied to the clipboard", 4000)
         )
-        for worker in (self.scanner, self.planner, self.badger, self.fitter):
+        for worker in (self.scanner, self.planner, self.badger, self.fitter, self.offerer):
             worker.busyChanged.connect(self._check_settled)
         self.start_button.clicked.connect(self.start_engine)
         self.engine_runner.added.connect(lambda _id: self.engines_dock.show())
@@ -346,7 +352,7 @@ class MainWindow(QMainWindow):
         """Scanned at least once, and no scan, plan or badge work waiting or running."""
         return self._scanned and not (
             self.scanner.busy or self.planner.busy or self.badger.busy or self.fitter.busy
-            or self.replan_timer.isActive()
+            or self.offerer.busy or self.replan_timer.isActive()
         )  # fmt: skip
 
     def _check_settled(self) -> None:
@@ -491,6 +497,10 @@ class MainWindow(QMainWindow):
         self.empty.set_status(
             "Looked in: " + ", ".join(roots) if roots else "No folders configured yet."
         )
+        if not n and self._roots_override is None:
+            self.offerer.submit(
+                lambda: [str(p) for p in common_model_folders() if str(p) not in roots]
+            )
         self._refresh_badges()
         wanted = self._pending_select or (keep.id if keep else None)
         self._pending_select = None
@@ -708,7 +718,7 @@ class MainWindow(QMainWindow):
         self.replan_timer.stop()
         self._unsubscribe()
         self.scanner.wait()
-        for worker in (self.planner, self.badger, self.fitter):
+        for worker in (self.planner, self.badger, self.fitter, self.offerer):
             worker.cancel()
             worker.wait()
         self.engines_panel.timer.stop()

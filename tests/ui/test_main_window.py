@@ -240,3 +240,22 @@ def test_backend_column_follows_the_registry(qtbot, tmp_path: Path, models: Path
     assert labels[llm] == "cuda"
     assert "★ default for llm" in tips[llm]
     w.close()
+
+
+def test_first_run_offers_the_usual_folders(qtbot, make_window, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """No models and no roots: ~/models (and the like) is offered, one click adds and scans it."""
+    import os
+
+    from tests.synth.factory import PRESETS, write_gguf
+
+    home = Path(os.environ["HOME"])
+    write_gguf(home / "models" / "tiny.gguf", PRESETS["llama"])
+    w = make_window([])
+    settle(qtbot, w)
+    assert w.table.model.rowCount() == 0
+    qtbot.waitUntil(w.empty.offer_button.isVisible, timeout=10_000)
+    assert str(home / "models") in w.empty.offer.text()
+    w.empty.offer_button.click()
+    settle(qtbot, w)
+    assert w.table.model.rowCount() == 1
+    assert str(home / "models") in w.settings.model_roots
