@@ -520,6 +520,7 @@ class MainWindow(QMainWindow):
         if choice.strip().lower() == hardware.THIS_MACHINE.lower():
             hw = self._host
         self._hardware = hw
+        self.plan_panel.set_gpus([g.name for g in hw.gpus])
         if self.hardware_box.currentText() != hw.label:
             if self.hardware_box.findText(hw.label) < 0:
                 self.hardware_box.addItem(hw.label)
@@ -597,7 +598,10 @@ class MainWindow(QMainWindow):
             return
         settings = self.plan_panel.full_settings()
         hw, reserve, resolver = self._hardware, self.reserve_mib, self._resolver
-        self.planner.submit(lambda: plan_model(entry, settings, hw, reserve, resolver))
+        extra = self.plan_panel.extra_args()  # read on the GUI thread, like the settings
+        self.planner.submit(
+            lambda: plan_model(entry, settings, hw, reserve, resolver, extra_args=extra)
+        )
 
     def _on_plan(self, outcome: object) -> None:
         assert isinstance(outcome, PlanOutcome)

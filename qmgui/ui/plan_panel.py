@@ -1,8 +1,10 @@
 """The launch settings of the selected model: context, slots, KV cache types, flash attention,
-GPU layers, and "Fit context". It only edits values; the window re-plans on `changed`."""
+GPU layers, "Fit context", CPU experts (MoE models), the GPU split (2+ GPUs, `set_gpus`) and
+extra llama-server arguments. It only edits values; the window re-plans on `changed`."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from PySide6.QtCore import QSignalBlocker, Qt, Signal
@@ -11,6 +13,7 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QHBoxLayout,
     QLabel,
+    QLineEdit,
     QPushButton,
     QSlider,
     QSpinBox,
@@ -18,6 +21,7 @@ from PySide6.QtWidgets import (
 )
 
 from qmgui.core.discovery import ModelEntry
+from qmgui.core.emit import EmitError, split_args
 from qmgui.core.launch import CACHE_TYPES, CTX_PAD, LaunchSettings
 
 ALL_LAYERS = -1  # the GPU-layers spin box's special value: every layer (the engine default)
@@ -25,6 +29,31 @@ AUTO_SLOTS = 0  # the slots spin box's special value: the engine's auto
 DEFAULT_CONTEXT = 8192  # a new selection starts here (or at the trained context when smaller)
 MAX_SLOTS = 64
 FLASH_CHOICES = ("auto", "on", "off")
+ALL_EXPERTS = -1  # the CPU-experts spin box's special value: every layer's experts (--cpu-moe)
+INVALID_STYLE = "color: #c62828;"  # red text for a field whose input is not applied
+
+
+def parse_split(text: str, n_gpus: int) -> tuple[float, ...]:
+    """`3,1` as (3.0, 1.0): one non-negative number per GPU, not all zero; empty is () (split
+    by free memory). ValueError with a sentence for anything else."""
+    if not text.strip():
+        return ()
+    parts = [p.strip() for p in text.replace(";", ",").split(",")]
+    try:
+        values = tuple(float(p) for p in parts)
+    except ValueError:
+        raise ValueError("write numbers separated by commas, e.g. 3,1") from None
+    if any(not math.isfinite(v) or v < 0 for v in values):
+        raise ValueError("proportions must be zero or more")
+    if len(values) != n_gpus:
+        raise ValueError(f"give one proportion per GPU: {n_gpus}, not {len(values)}")
+    if not any(values):
+        raise ValueError("at least one proportion must be above zero")
+    return values
+
+
+def format_split(values: tuple[float, ...]) -> str:
+    return ",".join(format(v, "g") for v in values)
 
 
 def snap(n: int, top: int) -> int:
@@ -43,7 +72,11 @@ class PlanPanel(QWidget):
         self._entry: ModelEntry | None = None
         self._trained = 4096
         self._n_layers = 0
-        self._extra = LaunchSettings()  # settings this panel does not edit (--n-cpu-moe…)
+        self._extra = LaunchSettings()  # settings this panel does not edit (-nkvo, -b…)
+        self._is_moe = False
+        self._gpus: list[str] = []
+        self._split: tuple[float, ...] = ()  # the last valid split
+        self._extra_args = ""  # the last extra arguments that split
 
         self.title = QLabel("No model selected", self)
         font = self.title.font()
@@ -84,10 +117,42 @@ class PlanPanel(QWidget):
         self.ngl.setRange(ALL_LAYERS, 0)
         self.ngl.setSpecialValueText("all")
         self.ngl.setToolTip("Layers on the GPU, the output layer counted (-ngl)")
+        self._build_offload_widgets()
 
         self._lay_out()
         self._wire()
         self.set_entry(None)
+
+    def _build_offload_widgets(self) -> None:
+        """CPU experts (MoE models), the GPU split (2+ GPUs) and the extra arguments."""
+        self.moe_label = QLabel("CPU experts", self)
+        self.cpu_moe = QSpinBox(self)
+        self.cpu_moe.setRange(ALL_EXPERTS, 0)
+        self.cpu_moe.setSpecialValueText("all")
+        self.cpu_moe.setPrefix("first ")
+        self.cpu_moe.setSuffix(" layers")
+        self.cpu_moe.setAccessibleName("CPU experts (first N layers)")
+        self.cpu_moe.setToolTip(
+            "Keep the expert weights of the first N layers in host memory (--n-cpu-moe); "
+            '"all" keeps every layer\'s experts there (--cpu-moe). 0: experts on the GPU'
+        )
+        self.moe_label.setBuddy(self.cpu_moe)
+        self.split_label = QLabel("Split", self)
+        self.split = QLineEdit(self)
+        self.split.setPlaceholderText("by free memory")
+        self.split.setClearButtonEnabled(True)
+        self.split.setAccessibleName("GPU split")
+        self.split_label.setBuddy(self.split)
+        self.extra_args_edit = QLineEdit(self)
+        self.extra_args_edit.setPlaceholderText("e.g. --jinja --temp 0.7")
+        self.extra_args_edit.setClearButtonEnabled(True)
+        self.extra_args_edit.setAccessibleName("Extra arguments")
+        self._split_tip = ""
+        self._extra_tip = (
+            "More llama-server arguments, appended last; one that repeats a flag set above "
+            "replaces it. Quote with '…' or \"…\" to keep spaces"
+        )
+        self.extra_args_edit.setToolTip(self._extra_tip)
 
     def _lay_out(self) -> None:
         ctx_row = QHBoxLayout()
@@ -110,6 +175,15 @@ class PlanPanel(QWidget):
         other_row.addWidget(QLabel("GPU layers", self))
         other_row.addWidget(self.ngl)
         other_row.addStretch(1)
+        self.offload_row = QWidget(self)  # hidden when it holds nothing (dense model, 1 GPU)
+        offload = QHBoxLayout(self.offload_row)
+        offload.setContentsMargins(0, 0, 0, 0)
+        offload.addWidget(self.moe_label)
+        offload.addWidget(self.cpu_moe)
+        offload.addSpacing(16)
+        offload.addWidget(self.split_label)
+        offload.addWidget(self.split, 1)
+        offload.addStretch(1)
 
         form = QFormLayout(self)
         form.setContentsMargins(0, 0, 0, 0)
@@ -120,13 +194,17 @@ class PlanPanel(QWidget):
         form.addRow("", self.ctx_max)
         form.addRow("KV cache", kv_row)
         form.addRow("Slots", other_row)
+        form.addRow(self.offload_row)
+        form.addRow("Extra args", self.extra_args_edit)
 
     def _wire(self) -> None:
 
         self.ctx_slider.valueChanged.connect(self._slider_moved)
         self.ctx_spin.valueChanged.connect(self._spin_changed)
-        for spin in (self.slots, self.ngl):
+        for spin in (self.slots, self.ngl, self.cpu_moe):
             spin.valueChanged.connect(self.changed)
+        self.split.textChanged.connect(self._split_edited)
+        self.extra_args_edit.textChanged.connect(self._extra_args_edited)
         for box in (self.ctk, self.ctv, self.flash):
             box.currentIndexChanged.connect(self.changed)
         self.fit_button.clicked.connect(self.fitRequested)
@@ -137,6 +215,9 @@ class PlanPanel(QWidget):
         self.setTabOrder(self.ctv, self.slots)
         self.setTabOrder(self.slots, self.flash)
         self.setTabOrder(self.flash, self.ngl)
+        self.setTabOrder(self.ngl, self.cpu_moe)
+        self.setTabOrder(self.cpu_moe, self.split)
+        self.setTabOrder(self.split, self.extra_args_edit)
 
     # --- the model --------------------------------------------------------------------------
     @property
@@ -144,7 +225,12 @@ class PlanPanel(QWidget):
         return self._entry
 
     def set_entry(self, entry: ModelEntry | None, settings: LaunchSettings | None = None) -> None:
-        """Show `entry` with `settings` (default: 8192 tokens or the trained context)."""
+        """Show `entry` with `settings` (default: 8192 tokens or the trained context). The
+        extra arguments are kept for the same model and cleared for another."""
+        if entry is None or self._entry is None or entry.id != self._entry.id:
+            with QSignalBlocker(self.extra_args_edit):
+                self.extra_args_edit.clear()
+            self._extra_args_edited("", notify=False)
         self._entry = entry
         meta = entry.meta if entry else None
         self._trained = (meta.context_length if meta else None) or 4096
@@ -159,13 +245,17 @@ class PlanPanel(QWidget):
         with QSignalBlocker(self.ctx_slider), QSignalBlocker(self.ctx_spin):
             self.ctx_slider.setMaximum(top)
             self.ctx_spin.setMaximum(top * CTX_PAD)
-        with QSignalBlocker(self.ngl):
+        self._is_moe = bool(meta and meta.is_moe)
+        with QSignalBlocker(self.ngl), QSignalBlocker(self.cpu_moe):
             self.ngl.setMaximum(self._n_layers)
+            self.cpu_moe.setMaximum(meta.n_layer if meta and self._is_moe else 0)
         self.ctx_max.setText(f"trained context {self._trained:,} tokens" if meta else "")
         enabled = bool(meta) and not (entry and entry.error)
         for w in (self.ctx_slider, self.ctx_spin, self.fit_button, self.slots, self.ctk,
-                  self.ctv, self.flash, self.ngl):  # fmt: skip
+                  self.ctv, self.flash, self.ngl, self.cpu_moe, self.split,
+                  self.extra_args_edit):  # fmt: skip
             w.setEnabled(enabled)
+        self._show_offload_row()
         self.apply(settings or LaunchSettings(ctx_size=min(DEFAULT_CONTEXT, self._trained)))
 
     @staticmethod
@@ -199,12 +289,15 @@ class PlanPanel(QWidget):
             cache_type_v=self.ctv.currentText(),
             flash_attn=self.flash.currentText(),
             n_gpu_layers=None if ngl == ALL_LAYERS else ngl,
+            n_cpu_moe=max(self.cpu_moe.value(), 0) if self._is_moe else 0,
+            cpu_moe=self._is_moe and self.cpu_moe.value() == ALL_EXPERTS,
+            tensor_split=self._split if len(self._gpus) >= 2 else (),
         )
 
     def apply(self, s: LaunchSettings, *, notify: bool = False) -> None:
         """Show `s` (the parts this panel edits); `notify` emits `changed` once."""
         widgets = (self.ctx_slider, self.ctx_spin, self.slots, self.ctk, self.ctv, self.flash,
-                   self.ngl)  # fmt: skip
+                   self.ngl, self.cpu_moe, self.split)  # fmt: skip
         blockers = [QSignalBlocker(w) for w in widgets]
         ctx = snap(s.ctx_size or self._trained, self._trained // CTX_PAD * CTX_PAD or CTX_PAD)
         self.ctx_slider.setValue(ctx // CTX_PAD)
@@ -215,6 +308,14 @@ class PlanPanel(QWidget):
         self.flash.setCurrentText(s.flash_attn)
         ngl = s.n_gpu_layers
         self.ngl.setValue(ALL_LAYERS if ngl is None or ngl >= self._n_layers else ngl)
+        self.cpu_moe.setValue(
+            ALL_EXPERTS if s.cpu_moe else min(s.n_cpu_moe, self.cpu_moe.maximum())
+        )
+        if len(self._gpus) < 2 or s.tensor_split:
+            # a split this panel cannot show (1 GPU) is dropped; an empty one keeps the field
+            self.split.setText(format_split(s.tensor_split))
+            self._split = s.tensor_split
+            self._mark(self.split, "")
         for b in blockers:
             b.unblock()
         self._extra = replace(s, ctx_size=None)  # n_cpu_moe and friends survive a round trip
@@ -232,7 +333,73 @@ class PlanPanel(QWidget):
             cache_type_v=mine.cache_type_v,
             flash_attn=mine.flash_attn,
             n_gpu_layers=mine.n_gpu_layers,
+            n_cpu_moe=mine.n_cpu_moe,
+            cpu_moe=mine.cpu_moe,
+            tensor_split=mine.tensor_split,
         )
+
+    def extra_args(self) -> str:
+        """The extra llama-server arguments as typed (the last text that splits); the command
+        builder splits them (`plan_model(..., extra_args=...)`)."""
+        return self._extra_args
+
+    # --- GPUs, split, extra arguments -------------------------------------------------------
+    def set_gpus(self, names: list[str]) -> None:
+        """The GPUs of the current hardware choice: the split field shows for 2 or more. Emits
+        nothing (the window re-plans after a hardware change)."""
+        self._gpus = list(names)
+        self._split_tip = (
+            "How to share the model between "
+            + ", ".join(self._gpus)
+            + ": one proportion per GPU, in this order (-ts, e.g. 3,1). Empty: by free memory"
+        )
+        self._split_edited(self.split.text(), notify=False)
+        self._show_offload_row()
+
+    @property
+    def gpus(self) -> list[str]:
+        return list(self._gpus)
+
+    def _show_offload_row(self) -> None:
+        many = len(self._gpus) >= 2
+        self.moe_label.setVisible(self._is_moe)
+        self.cpu_moe.setVisible(self._is_moe)
+        self.split_label.setVisible(many)
+        self.split.setVisible(many)
+        self.offload_row.setVisible(self._is_moe or many)
+
+    @staticmethod
+    def _mark(edit: QLineEdit, error: str) -> None:
+        edit.setStyleSheet(INVALID_STYLE if error else "")
+        edit.setProperty("invalid", bool(error))
+
+    def _split_edited(self, text: str, *, notify: bool = True) -> None:
+        try:
+            values = parse_split(text, len(self._gpus))
+        except ValueError as e:
+            self._mark(self.split, str(e))
+            self.split.setToolTip(f"Not applied: {e}\n\n{self._split_tip}")
+            return
+        self._mark(self.split, "")
+        self.split.setToolTip(self._split_tip)
+        if values != self._split:
+            self._split = values
+            if notify:
+                self.changed.emit()
+
+    def _extra_args_edited(self, text: str, *, notify: bool = True) -> None:
+        try:
+            split_args(text)
+        except EmitError as e:
+            self._mark(self.extra_args_edit, str(e))
+            self.extra_args_edit.setToolTip(f"Not applied: {e}\n\n{self._extra_tip}")
+            return
+        self._mark(self.extra_args_edit, "")
+        self.extra_args_edit.setToolTip(self._extra_tip)
+        if text != self._extra_args:
+            self._extra_args = text
+            if notify:
+                self.changed.emit()
 
     def _slider_moved(self, k: int) -> None:
         with QSignalBlocker(self.ctx_spin):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from qmgui.cli.preview import Request, Resolver, UsageError, emit_model
 from qmgui.core.discovery import ModelEntry
-from qmgui.core.emit import Command, EmitError, skipped
+from qmgui.core.emit import Command, EmitError, skipped, split_args
 from qmgui.core.errors import SizingError
 from qmgui.core.fit import Budget, FitResult, check, max_context, offload_for_context
 from qmgui.core.launch import CTX_PAD, LaunchSettings
@@ -121,8 +121,14 @@ def plan_model(
     hw: Hardware,
     reserve_mib: int,
     resolver: Resolver,
+    *,
+    extra_args: str = "",
 ) -> PlanOutcome:
-    """Size one launch (llama-server GGUF models) and emit its command (any engine)."""
+    """Size one launch (llama-server GGUF models) and emit its command (any engine).
+
+    `extra_args`: the plan panel's extra engine arguments, split like a shell does and
+    appended after the model's stored ones; one that does not split gives no command, with
+    the reason shown instead."""
     budget = budget_for(hw, reserve_mib)
     fit: FitResult | None = None
     error: str | None = None
@@ -144,8 +150,9 @@ def plan_model(
         else:
             name = os.path.basename(target.executable) or target.executable
             engine = f"{name} ({target.kind}): {target.reason}"
+            extra = tuple(split_args(extra_args))
             req = Request(settings=settings, gpus=hw.gpus, reserve=reserve_mib * MIB,
-                          port=DEFAULT_PORT, extra=())  # fmt: skip
+                          port=DEFAULT_PORT, extra=extra)  # fmt: skip
             command = emit_model(entry, target, req, resolver.override(entry)).command
     except (EmitError, SizingError, UsageError, ValueError) as e:
         command = skipped(str(e))
