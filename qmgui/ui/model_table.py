@@ -43,13 +43,13 @@ class Column:
 
 COLUMNS: tuple[Column, ...] = (
     Column("name", "Name", 260),
-    Column("class", "Class", 76),
+    Column("class", "Class", 70),
     Column("arch", "Architecture", 96),
     Column("quant", "Quant", 58),
     Column("size", "Size", 76),
-    Column("context", "Context", 76),
-    Column("backend", "Backend", 110),
-    Column("fit", "Fit", 118),
+    Column("context", "Context", 72),
+    Column("backend", "Backend", 76),
+    Column("fit", "Fit", 84),
 )
 COLUMN_KEYS = tuple(c.key for c in COLUMNS)
 FIT_COLUMN = COLUMN_KEYS.index("fit")
@@ -62,8 +62,8 @@ BADGE_COLOURS = {
 }
 BADGE_TEXT = {
     Badge.FITS: "● fits",
-    Badge.PARTIAL: "◐ partial offload",
-    Badge.NO_FIT: "✕ does not fit",
+    Badge.PARTIAL: "◐ partial",
+    Badge.NO_FIT: "✕ no fit",
     Badge.NOT_PLANNED: "—",
 }
 

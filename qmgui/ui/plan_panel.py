@@ -8,6 +8,7 @@ import math
 from dataclasses import replace
 
 from PySide6.QtCore import QSignalBlocker, Qt, Signal
+from PySide6.QtGui import QValidator
 from PySide6.QtWidgets import (
     QComboBox,
     QFormLayout,
@@ -59,6 +60,25 @@ def format_split(values: tuple[float, ...]) -> str:
 def snap(n: int, top: int) -> int:
     """The multiple of 256 nearest to `n`, within [256, top]."""
     return max(CTX_PAD, min(top, round(n / CTX_PAD) * CTX_PAD))
+
+
+class _ExpertsSpin(QSpinBox):
+    """ "all" (every layer's experts on the CPU), "none", or "first N layers"."""
+
+    def textFromValue(self, value: int) -> str:
+        if value == ALL_EXPERTS:
+            return "all"
+        return "none" if value == 0 else f"first {value}"
+
+    def valueFromText(self, text: str) -> int:
+        t = text.strip().lower()
+        if t == "all":
+            return ALL_EXPERTS
+        digits = "".join(ch for ch in t if ch.isdigit())
+        return int(digits) if digits else 0
+
+    def validate(self, text: str, pos: int) -> tuple[QValidator.State, str, int]:
+        return QValidator.State.Acceptable, text, pos
 
 
 class PlanPanel(QWidget):
@@ -126,11 +146,8 @@ class PlanPanel(QWidget):
     def _build_offload_widgets(self) -> None:
         """CPU experts (MoE models), the GPU split (2+ GPUs) and the extra arguments."""
         self.moe_label = QLabel("CPU experts", self)
-        self.cpu_moe = QSpinBox(self)
+        self.cpu_moe = _ExpertsSpin(self)
         self.cpu_moe.setRange(ALL_EXPERTS, 0)
-        self.cpu_moe.setSpecialValueText("all")
-        self.cpu_moe.setPrefix("first ")
-        self.cpu_moe.setSuffix(" layers")
         self.cpu_moe.setAccessibleName("CPU experts (first N layers)")
         self.cpu_moe.setToolTip(
             "Keep the expert weights of the first N layers in host memory (--n-cpu-moe); "

@@ -46,7 +46,7 @@ def test_badges_show_and_sort(qapp, models: Path) -> None:  # type: ignore[no-un
     m.set_badges({entries[row].id: BadgeResult(Badge.NO_FIT, "needs more")})
     assert changed
     fit = m.index(row, _col("fit"))
-    assert "does not fit" in m.data(fit)
+    assert "no fit" in m.data(fit)
     assert m.data(fit, Qt.ItemDataRole.ToolTipRole) == "needs more"
     assert m.data(fit, Qt.ItemDataRole.ForegroundRole) is not None
     assert m.data(fit, SORT_ROLE) > m.data(m.index(1 - min(row, 1), _col("fit")), SORT_ROLE) - 5
