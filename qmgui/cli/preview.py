@@ -48,6 +48,7 @@ from qmgui.core.shell import quote_bash, quote_powershell
 from qmgui.core.units import parse_size
 from qmgui.core.vllm import VllmPins, plan_vllm
 from qmgui.engines.llama_run import find_llama_server
+from qmgui.engines.supervisor import EngineSpec
 from qmgui.settings import LoadResult, ModelOverride, load_settings
 
 EXIT_OK = 0
@@ -269,6 +270,31 @@ class Request:
     extra: tuple[str, ...]
     devices: tuple[int, ...] = ()
     estimate: bool = False  # compute the VRAM comment (exports)
+
+
+def engine_spec(
+    command: Command,
+    kind: str,
+    entry: ModelEntry,
+    *,
+    port: int | None = None,
+    downshift: bool = False,
+) -> EngineSpec:
+    """The supervisor's spec for an emitted command (`qmgui serve` and the window's Start).
+
+    llama-server also gets `-lv 4`: its buffer lines are what the plan is compared with."""
+    argv = (*command.argv, "-lv", "4") if kind == "llama" else command.argv
+    return EngineSpec(
+        argv=argv,
+        name=entry.name,
+        kind=kind,
+        health_path=HEALTH.get(kind, emit_custom.HEALTH_PATH),
+        port=port,
+        env=dict(command.env) or None,
+        model_bytes=entry.size_bytes,
+        downshift=downshift,
+        default_ctx=entry.meta.context_length if entry.meta else None,
+    )
 
 
 def emit_model(

@@ -25,6 +25,7 @@ from qmgui.cli.preview import (
     UsageError,
     add_target_flags,
     emit_model,
+    engine_spec,
     prepare,
 )
 from qmgui.core.emit import EmitError
@@ -34,7 +35,7 @@ from qmgui.core.readback import parse_llama_log
 from qmgui.core.units import format_bytes
 from qmgui.engines.registry import RunRegistry
 from qmgui.engines.residuals import ResidualStore, engine_pids, readback
-from qmgui.engines.supervisor import EngineSpec, State, Supervisor
+from qmgui.engines.supervisor import State, Supervisor
 from qmgui.hw.nvml import read_nvml
 
 EXIT_OK = 0
@@ -178,19 +179,10 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
         return EXIT_FAILED
     for warning in command.warnings:
         notify.warning(warning, source=SOURCE)
-    argv = command.argv
-    if target.kind == "llama":
-        argv = (*argv, "-lv", "4")  # the buffer lines the comparison reads
-    spec = EngineSpec(
-        argv=argv,
-        kind=target.kind,
-        health_path=emitted.health,
-        port=args.port,
-        env=dict(command.env) or None,
-        model_bytes=entry.size_bytes,
+    spec = engine_spec(
+        command, target.kind, entry, port=args.port,
         downshift=target.kind == "llama" and args.ctx is None,
-        default_ctx=entry.meta.context_length if entry.meta else None,
-    )
+    )  # fmt: skip
     registry = RunRegistry()
     _list_survivors(registry)
     return _run(Supervisor(spec, registry=registry), entry, req, args.json, out)

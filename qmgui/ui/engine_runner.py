@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from PySide6.QtCore import QObject, Qt, Signal
 
 from qmgui import notify
-from qmgui.cli.preview import HEALTH, Resolver
+from qmgui.cli.preview import Resolver, engine_spec
 from qmgui.core.footprint import Footprint
 from qmgui.engines.registry import RunRegistry
 from qmgui.engines.residuals import readback
@@ -35,27 +35,14 @@ JOIN_S = 30.0
 def spec_for(outcome: PlanOutcome, resolver: Resolver) -> EngineSpec:
     """The supervisor's spec for the command the preview shows (ValueError when there is none).
 
-    Mirrors `qmgui serve`: llama-server gets `-lv 4` (the buffer lines the memory comparison
-    reads); the context the user chose is kept (no downshift)."""
+    The same spec `qmgui serve` builds; the context the user chose is kept (no downshift)."""
     command = outcome.command
     if not command.runnable:
         raise ValueError("; ".join(command.warnings) or "this model has no launch command")
     target = resolver.target(outcome.entry)
     if isinstance(target, str):
         raise ValueError(target)
-    argv = command.argv
-    if target.kind == "llama":
-        argv = (*argv, "-lv", "4")
-    entry = outcome.entry
-    return EngineSpec(
-        argv=argv,
-        name=entry.name,
-        kind=target.kind,
-        health_path=HEALTH.get(target.kind, "/health"),
-        env=dict(command.env) or None,
-        model_bytes=entry.size_bytes,
-        default_ctx=entry.meta.context_length if entry.meta else None,
-    )
+    return engine_spec(command, target.kind, outcome.entry)
 
 
 @dataclass(frozen=True)
