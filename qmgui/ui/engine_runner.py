@@ -22,6 +22,7 @@ from PySide6.QtCore import QObject, Qt, Signal
 from qmgui import notify
 from qmgui.cli.preview import Resolver, engine_spec
 from qmgui.core.footprint import Footprint
+from qmgui.core.readback import parse_llama_log
 from qmgui.engines.registry import RunRegistry
 from qmgui.engines.residuals import readback
 from qmgui.engines.supervisor import EngineSpec, State, Supervisor
@@ -54,14 +55,14 @@ class Memory:
 
 
 def memory_of(log_text: str, footprint: Footprint | None) -> Memory:
-    plan = footprint or Footprint(settings=None, n_gpu_layers=0, layer_devices=(), devices=())  # type: ignore[arg-type]
-    rb = readback(log_text, plan)
+    """Planned and actual totals, compared kind by kind as `qmgui serve` does."""
+    if footprint is None:
+        report = parse_llama_log(log_text)
+        return Memory(None, sum(d.total.bytes for d in report.devices) or None)
+    rb = readback(log_text, footprint)
     planned = [sum(r.planned.values()) for r in rb.rows if r.planned is not None]
     actual = [sum(r.actual.values()) for r in rb.rows if r.actual is not None]
-    return Memory(
-        sum(planned) if planned and footprint is not None else None,
-        sum(actual) if actual else None,
-    )
+    return Memory(sum(planned) if planned else None, sum(actual) if actual else None)
 
 
 @dataclass
