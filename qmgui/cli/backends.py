@@ -206,7 +206,7 @@ def _print_table(backends: Sequence[Backend], out: TextIO) -> None:
 # --- add ------------------------------------------------------------------------------------
 
 
-def _check_add_args(args: argparse.Namespace, backends: Sequence[Backend]) -> str | None:
+def check_add_args(args: argparse.Namespace, backends: Sequence[Backend]) -> str | None:
     """Why `add` cannot run as asked, or None."""
     if not args.id.strip():
         return "a backend id must not be blank"
@@ -229,7 +229,7 @@ def _check_add_args(args: argparse.Namespace, backends: Sequence[Backend]) -> st
     return None
 
 
-def _stored_executable(exe: str) -> str:
+def stored_executable(exe: str) -> str:
     """A path is stored absolute (the engine is launched from another folder); a bare name
     stays a name, looked up on PATH when the engine starts."""
     path = os.path.expanduser(exe)
@@ -238,7 +238,7 @@ def _stored_executable(exe: str) -> str:
     return exe
 
 
-def _executable_warning(exe: str) -> str | None:
+def executable_warning(exe: str) -> str | None:
     """Why `exe` will probably not start, or None; only a warning, since the user may be
     setting up a backend before installing it."""
     if exe == os.path.basename(exe):
@@ -259,14 +259,14 @@ def cmd_add(args: argparse.Namespace, out: TextIO) -> int:
     if loaded is None:
         return EXIT_FAILED
     backends = _registry(loaded)
-    problem = _check_add_args(args, backends)
+    problem = check_add_args(args, backends)
     if problem is not None:
         notify.error(problem, source=SOURCE)
         return EXIT_USAGE
     new = Backend(
         id=args.id,
         kind=args.kind,
-        executable=_stored_executable(args.exe),
+        executable=stored_executable(args.exe),
         variant=args.variant or None,
         classes=frozenset(args.classes),
         family=(args.family or "").strip() or None,
@@ -283,7 +283,7 @@ def cmd_add(args: argparse.Namespace, out: TextIO) -> int:
             notify.info(
                 f"★ for {model_class} moved from {before.id!r} to {new.id!r}", source=SOURCE
             )
-    warning = _executable_warning(new.executable)
+    warning = executable_warning(new.executable)
     if warning is not None:
         notify.warning(warning, source=SOURCE)
     elif not args.no_probe:

@@ -60,9 +60,9 @@ from PySide6.QtWidgets import (
 from qmgui import notify
 from qmgui.cli.backends import (
     PROBE_TIMEOUT_S,
-    _check_add_args,
-    _executable_warning,
-    _stored_executable,
+    check_add_args,
+    executable_warning,
+    stored_executable,
 )
 from qmgui.core.backends import (
     CLASSES,
@@ -249,7 +249,7 @@ class BackendEditor(QDialog):
 
     def _exe(self) -> str:
         text = self.exe_edit.text().strip()
-        return _stored_executable(text) if text else ""
+        return stored_executable(text) if text else ""
 
     def _classes(self) -> list[str]:
         if self.kind_combo.currentText() != CUSTOM:
@@ -265,7 +265,7 @@ class BackendEditor(QDialog):
             classes=self._classes(),
             default_for=[],
         )
-        return _check_add_args(args, self._others)
+        return check_add_args(args, self._others)
 
     def backend(self) -> Backend:
         """The entry as the form stands (check `problem()` first)."""
@@ -301,7 +301,7 @@ class BackendEditor(QDialog):
         exe, kind = self._exe(), self.kind_combo.currentText()
         if not exe:
             return
-        warning = _executable_warning(exe)
+        warning = executable_warning(exe)
         self.report.setPlainText(f"Probing {exe}…" + (f"\nWarning: {warning}" if warning else ""))
         prober = self._prober
         self._runner.submit(lambda: (exe, kind, prober(exe, kind)))
@@ -342,7 +342,7 @@ class BackendEditor(QDialog):
         exe, kind, result = value
         self._probe = (exe, kind, result)
         text = probe_report(result)
-        warning = _executable_warning(exe)
+        warning = executable_warning(exe)
         if warning and not result.ok:
             text += f"\nWarning: {warning}"
         self.report.setPlainText(text)
@@ -785,7 +785,7 @@ class BackendsDialog(QDialog):
                 item = QTableWidgetItem(text)
                 item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsEditable)
                 self.table.setItem(row, col, item)
-            warning = _executable_warning(b.executable)
+            warning = executable_warning(b.executable)
             exe_item = self.table.item(row, len(COLUMNS) - 1)
             if warning and exe_item is not None:
                 exe_item.setToolTip(warning)
