@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-WINDOW_FLAGS = ("--screenshot", "--models", "--what-if", "--select", "--size")
+WINDOW_FLAGS = ("--screenshot", "--models", "--what-if", "--select", "--size", "--minimized")
 
 
 def display_available(env: dict[str, str] | None = None, platform: str | None = None) -> bool:

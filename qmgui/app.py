@@ -15,6 +15,7 @@ from PySide6.QtWidgets import QApplication
 from qmgui import __version__, notify
 from qmgui.settings import LoadResult, Settings, load_settings
 from qmgui.ui.main_window import MainWindow
+from qmgui.ui.tray import app_icon
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -39,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", default="1280x800", metavar="WxH", help="window size (1280x800)")
     p.add_argument("--ctx", type=int, default=None, metavar="N",
                    help="with --select: plan the selected model at N tokens")  # fmt: skip
+    p.add_argument("--minimized", action="store_true",
+                   help="start in the system tray (minimized where there is none); the "
+                   "installers' start-with-the-session option uses it")  # fmt: skip
     return p
 
 
@@ -71,6 +75,7 @@ def make_application(argv: Sequence[str] = ()) -> QApplication:
     app.setApplicationName("qmgui")
     app.setApplicationVersion(__version__)
     app.setDesktopFileName("qmgui")
+    app.setWindowIcon(app_icon())  # dialogs too; the packaged PNGs (qmgui/resources/icons)
     return app
 
 
@@ -96,9 +101,15 @@ def run(argv: Sequence[str]) -> int:
     window = MainWindow(hardware_choice=args.what_if)
     if args.models:
         window.add_roots([args.models])
-    window.show()
-    if window.tray is not None:
-        window.tray.install()  # nothing where the platform has no tray
+    if args.minimized and window.tray is not None and window.tray.install():
+        pass  # only the tray icon (start with Windows / the session); a click shows the window
+    else:
+        if args.minimized:
+            window.showMinimized()
+        else:
+            window.show()
+        if window.tray is not None:
+            window.tray.install()  # nothing where the platform has no tray
     window.start()
     return app.exec()
 

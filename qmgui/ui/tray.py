@@ -22,12 +22,13 @@ Questions go through `Prompts` (QMessageBox by default), so tests answer them wi
 from __future__ import annotations
 
 import enum
+import importlib.resources
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from PySide6.QtCore import QObject, QPointF, QRectF, Qt, Signal, SignalInstance
+from PySide6.QtCore import QObject, QPointF, QRectF, QSize, Qt, Signal, SignalInstance
 from PySide6.QtGui import QAction, QBrush, QCloseEvent, QColor, QIcon, QPainter, QPen, QPixmap
 from PySide6.QtWidgets import QApplication, QMenu, QMessageBox, QSystemTrayIcon, QWidget
 
@@ -53,8 +54,11 @@ __all__ = [
 
 EXPLAINED_KEY = "tray_close_explained"  # an extra key of UiState (settings keep unknown keys)
 BALLOON_MS = 8000
-ICON_DIR = Path(__file__).resolve().parents[2] / "resources" / "icons"
+# package data (qmgui/resources/icons): SVG sources and the PNG sizes packaging/make_icons.py
+# renders from them (16-24 px from a design drawn for small sizes)
+ICON_DIR = Path(str(importlib.resources.files("qmgui") / "resources" / "icons"))
 APP_ICON, RUNNING_ICON = "qmgui.svg", "qmgui-running.svg"
+ICON_SIZES = (16, 22, 24, 32, 48, 64, 128, 256, 512)
 _RUNNING = frozenset({State.STARTING, State.LOADING, State.READY, State.STOPPING})
 
 
@@ -256,12 +260,18 @@ def _drawn_icon(running: bool) -> QIcon:
 
 
 def app_icon(running: bool = False) -> QIcon:
-    """The application icon, or its "engines running" variant (SVG from resources/icons)."""
-    path = ICON_DIR / (RUNNING_ICON if running else APP_ICON)
-    if path.is_file():
-        icon = QIcon(str(path))
-        if not icon.pixmap(16, 16).isNull():  # the SVG icon engine plugin is present
-            return icon
+    """The application icon, or its "engines running" variant: the packaged PNG sizes (no SVG
+    plugin needed, small sizes hinted), else the SVG, else the same design drawn in code."""
+    svg = ICON_DIR / (RUNNING_ICON if running else APP_ICON)
+    icon = QIcon()
+    for size in ICON_SIZES:
+        png = ICON_DIR / f"{svg.stem}-{size}.png"
+        if png.is_file():
+            icon.addFile(str(png), QSize(size, size))
+    if icon.isNull() and svg.is_file():
+        icon = QIcon(str(svg))
+    if not icon.isNull() and not icon.pixmap(16, 16).isNull():
+        return icon
     return _drawn_icon(running)
 
 
