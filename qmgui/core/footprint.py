@@ -70,10 +70,19 @@ class Gpu:
     total_bytes: int
     free_bytes: int | None = None  # None = all of total is free
     backend: str = "cuda"  # whose allocation rules apply: cuda (also ROCm), vulkan, metal
+    # a llama.cpp `rpc-server` (host:port) that offers this device over the network: llama.cpp
+    # sizes its buffers with the remote backend's rules (`backend`: a CPU rpc-server allocates
+    # like any non-CUDA backend) and lists RPC devices before the local GPUs
+    endpoint: str | None = None
 
     @property
     def available(self) -> int:
         return self.total_bytes if self.free_bytes is None else self.free_bytes
+
+    @property
+    def remote(self) -> bool:
+        """A device on an rpc-server (`--rpc host:port`), not in this machine."""
+        return self.endpoint is not None
 
 
 @dataclass(frozen=True)
@@ -400,7 +409,9 @@ def estimate(
         add(proj_dev, "weights", mmproj.weight_bytes)
         notes.append("the projector's image warm-up compute buffer is not estimated")
     if compute:
-        for dev, n in _compute(meta, r, layer_dev, embeddings=embeddings, notes=notes).items():
+        remote = frozenset(g.name for g in gpus if g.remote)
+        found = _compute(meta, r, layer_dev, embeddings=embeddings, notes=notes, remote=remote)
+        for dev, n in found.items():
             add(dev, "compute", n)
     repack = _repack_bound(meta, layer_dev, settings) if settings.repack else 0
     if repack:
@@ -443,14 +454,21 @@ def _repack_bound(meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings) 
 
 
 def _compute(
-    meta: ModelMeta, r: Resolved, layer_dev: Sequence[str], *, embeddings: bool, notes: list[str]
+    meta: ModelMeta,
+    r: Resolved,
+    layer_dev: Sequence[str],
+    *,
+    embeddings: bool,
+    notes: list[str],
+    remote: frozenset[str] = frozenset(),
 ) -> dict[str, int]:
     """Compute buffers: one per backend that runs part of the graph.
 
     The CPU buffer is the replayed graph (`core.compute`, exact on the CPU backend). GPU
     backends get the same graph's size, uncalibrated; under partial offload each GPU also
     holds a copy of the largest CPU-resident weight, which llama.cpp moves into the GPU's
-    compute buffer for large-batch matmuls (SIZING.md: partial offload grows compute buffers).
+    compute buffer for large-batch matmuls (SIZING.md: partial offload grows compute buffers);
+    remote (RPC) devices do not.
     """
     try:
         graph = compute_buffer_bytes(meta, r, embeddings=embeddings)
@@ -468,12 +486,31 @@ def _compute(
             (t.nbytes for t in _table(meta) if t.role == _LAYER and layer_dev[t.layer] == CPU),
             default=0,
         )
-    out = dict.fromkeys(gpus, graph + copy)
-    # the host side of a full offload: the token embeddings gathered on the CPU and the
-    # logits copied back (llama.cpp's *_Host compute buffer; small, not measured here)
-    out[CPU] = (
-        graph
-        if CPU in devices
-        else (meta.n_embd * r.n_ubatch + (meta.vocab_size or 0) * r.n_seq) * 4
-    )
+    # the copy is the local GPU backends' choice (offload_op); an RPC device gets none
+    # (measured on loopback: its compute buffer stays below the graph under partial offload)
+    out = {g: graph + (0 if g in remote else copy) for g in gpus}
+    if CPU in devices:
+        out[CPU] = graph
+    elif all(g in remote for g in gpus):
+        out[CPU] = _rpc_host_compute(meta, r)
+    else:
+        # the host side of a full offload: the token embeddings gathered on the CPU and the
+        # logits copied back (llama.cpp's *_Host compute buffer; small, not measured here)
+        out[CPU] = (meta.n_embd * r.n_ubatch + (meta.vocab_size or 0) * r.n_seq) * 4
     return out
+
+
+# below the 0.01 MiB a buffer line prints: positions and output ids (fitted, see below)
+_RPC_HOST_SMALL = 8 * 1024
+
+
+def _rpc_host_compute(meta: ModelMeta, r: Resolved) -> int:
+    """The CPU compute buffer when every offloaded layer is on RPC devices: an RPC backend has
+    no pinned host buffer, so the graph's inputs live in a plain CPU buffer: two activations of
+    n_embd × n_ubatch F32 (three without flash attention) and the attention mask (F16 with
+    flash attention, F32 without). Fitted on the CPU rpc-server of the test build (dense
+    attention, 512-2048 cells, ubatch 256/512, flash attention on and off: exact to the printed
+    0.01 MiB); sliding-window models keep a second mask that this does not count."""
+    acts = (2 if r.flash_attn else 3) * meta.n_embd * r.n_ubatch * 4
+    mask = r.n_ctx_seq * r.n_ubatch * (2 if r.flash_attn else 4)
+    return acts + mask + r.n_ubatch * 4 + _RPC_HOST_SMALL

@@ -23,6 +23,7 @@ The rules, in order, and why:
   It takes the fewest cards, those with the most room, in proportion to their room
   (rebalanced when whole layers overfill a card), and lists the roomiest last because
   llama.cpp gives the output layer (often the largest tensor) to the last card of a split.
+  Remote devices (`Gpu.endpoint`, llama.cpp's RPC) are listed first, as llama.cpp orders them.
 - An automatic context (`AutoContext`) is placed at its minimum (4096 tokens by default: below
   that a chat model is placed but hardly usable) and grown toward its target only after every
   model is placed, in placement order, so one model's longer context never costs another its
@@ -279,8 +280,19 @@ def _split_of(cards: Sequence[Gpu], room: _Room) -> tuple[float, ...]:
 
 
 def _engine_order(cards: Sequence[Gpu], room: _Room, index: Mapping[str, int]) -> tuple[Gpu, ...]:
-    """The roomiest card last: llama.cpp puts the output layer on the split's last card."""
-    return tuple(sorted(cards, key=lambda c: (room.gpu[c.name], index[c.name])))
+    """The roomiest card last: llama.cpp puts the output layer on the split's last card.
+    Remote (RPC) devices come first, in the order given: llama.cpp lists them before the local
+    GPUs, so the last layers and the output stay local and logits never cross the network."""
+    return tuple(
+        sorted(
+            cards,
+            key=lambda c: (
+                not c.remote,
+                0 if c.remote else room.gpu[c.name],
+                index[c.name],
+            ),
+        )
+    )
 
 
 class _Placer:

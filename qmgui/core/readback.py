@@ -30,9 +30,10 @@ Line families (prefix = the C function name the engine prints):
   `Flash Attention was auto, set to enabled|disabled` (b6xxx-b9xxx, seen) or
   `resolve_fused_ops: Flash Attention enabled|not supported, set to disabled` (this build).
 
-Devices: a buffer name `X_Mapped`/`X_REPACK` belongs to device X. Pinned host buffers
-(`CUDA_Host`, `ROCm_Host`, `Vulkan_Host`...) are host RAM, so they are counted on `CPU` (the raw
-name stays on the `BufferLine`). Weights in `AMX`, `CPU_REPACK`, `CPU_AARCH64` (any `CPU_*`
+Devices: a buffer name `X_Mapped`/`X_REPACK` belongs to device X. A device on an rpc-server
+keeps its whole buffer name, `RPC0[host:port]` (`rpc_endpoint` reads the address). Pinned host
+buffers (`CUDA_Host`, `ROCm_Host`, `Vulkan_Host`...) are host RAM, so they are counted on `CPU`
+(the raw name stays on the `BufferLine`). Weights in `AMX`, `CPU_REPACK`, `CPU_AARCH64` (any `CPU_*`
 buffer except `CPU_Mapped`) are repacked extra copies and go to `repack`, not `model`.
 """
 
@@ -403,6 +404,18 @@ _OOM_BYTES = re.compile(r"buffer of size (\d+)|attempted to allocate ([\d.]+) MB
 _LOAD_FUNCS = frozenset({"load_tensors", "llm_load_tensors"})
 _FALSE = frozenset({"false", "0", "disabled", "off", "no"})
 _TRUE = frozenset({"true", "1", "enabled", "on", "yes"})
+
+
+_RPC_DEVICE = re.compile(r"^RPC\d*\[(?P<endpoint>[^\]]+)\]$")
+
+
+def rpc_endpoint(device: str) -> str | None:
+    """The rpc-server (`host:port`) an RPC buffer lives on: `RPC0[10.0.0.2:50052]` (device 0 of
+    that server, recent builds) or `RPC[10.0.0.2:50052]` (older builds); None for a local
+    device. Match RPC devices by this: the number is the remote server's device index, so two
+    servers both log `RPC0[...]`."""
+    m = _RPC_DEVICE.match(device)
+    return m["endpoint"] if m else None
 
 
 def normalise_device(buffer: str) -> str:

@@ -11,6 +11,7 @@ import pytest
 from qmgui.core.discovery import ModelEntry, entry_for_path
 from qmgui.core.emit import Command, DevicePin, EmitError, flags_from_probe, split_args
 from qmgui.core.emit.llama import emit_llama
+from qmgui.core.footprint import Gpu
 from qmgui.core.launch import LaunchSettings
 from qmgui.core.probe import ProbeResult, parse_help
 from qmgui.core.readback import parse_llama_log
@@ -318,3 +319,41 @@ def test_the_real_engine_runs_the_emitted_command(models: Path) -> None:
     assert report.buffers, "-lv 4 should log the buffers"
     assert report.context is not None and report.context.n_ctx == 2048
     assert report.context.n_seq_max == 2
+
+
+def test_rpc_devices_are_named_first_and_pinned_with_device(models: Path) -> None:
+    """Remote devices exist only when `--rpc` names them; llama.cpp calls them RPC0, RPC1… in
+    that order and lists them before the local GPUs, so `--device` names them first."""
+    e = entry(models / "qwen3moe.gguf")
+    pin = DevicePin("cuda", (1,), rpc=("10.0.0.2:50052", "10.0.0.3:50052"))
+    s = LaunchSettings(tensor_split=(20, 20, 24))
+    cmd = emit_llama(e, s, executable=EXE, port=1, devices=pin)
+    argv = list(cmd.argv)
+    assert argv[argv.index("--rpc") + 1] == "10.0.0.2:50052,10.0.0.3:50052"
+    assert argv[argv.index("--device") + 1] == "RPC0,RPC1,CUDA1"
+    assert argv[argv.index("-ts") + 1] == "20,20,24"
+    assert argv.index("--rpc") < argv.index("--device")
+    # a build without --device: the local GPU is hidden by the variable, the remote ones are
+    # added in front by --rpc, so the devices and their order stay the same
+    no_device = frozenset({"-m", "-c", "-fa", "-ts", "--rpc", "--host", "--port", "-lv"})
+    old = emit_llama(e, s, executable=EXE, port=1, devices=pin, supported_flags=no_device)
+    assert old.env == {"CUDA_VISIBLE_DEVICES": "1"}
+    assert "--rpc" in old.argv
+    with pytest.raises(EmitError, match="not an rpc-server address"):
+        DevicePin("cuda", (), rpc=("10.0.0.2",))
+
+
+def test_a_pin_for_placed_devices_counts_local_gpus_without_the_remote_ones() -> None:
+    gpus = (
+        Gpu("RPC0[10.0.0.2:50052]", 24 << 30, endpoint="10.0.0.2:50052"),
+        Gpu("GPU0", 24 << 30),
+        Gpu("GPU1", 12 << 30),
+    )
+    pin = DevicePin.for_devices(("RPC0[10.0.0.2:50052]", "GPU1", "GPU0"), gpus, "cuda")
+    assert pin is not None
+    assert pin.rpc == ("10.0.0.2:50052",)
+    assert pin.indices == (1, 0)
+    assert pin.names == "RPC0,CUDA1,CUDA0"
+    assert DevicePin.for_devices((), gpus, "cuda") is None
+    with pytest.raises(EmitError, match="no GPU named GPU7"):
+        DevicePin.for_devices(("GPU7",), gpus, "cuda")

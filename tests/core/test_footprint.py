@@ -288,3 +288,21 @@ def test_cuda_pads_quantized_rows() -> None:
     assert fp.device("GPU0").weights == -(-(720 + 412 // 32 * 18) // 128) * 128
     vk = estimate(m, LaunchSettings(ctx_size=256), (Gpu("GPU0", 24 * GIB, backend="vulkan"),))
     assert vk.device("GPU0").weights == 720
+
+
+def test_rpc_devices_get_no_partial_offload_copy_and_host_inputs_on_the_cpu() -> None:
+    """An RPC device's compute buffer is the graph alone (llama.cpp copies CPU weights only
+    into local GPU backends); with every layer remote, the CPU holds the graph's inputs."""
+    m = make_meta()
+    s = LaunchSettings(ctx_size=1024, ubatch_size=512, flash_attn="on", n_gpu_layers=3)
+    local = estimate(m, s, (Gpu("GPU0", 24 * GIB),))
+    rpc = Gpu("RPC0[h:1]", 24 * GIB, backend="cpu", endpoint="h:1")
+    remote = estimate(m, s, (rpc,))
+    graph = remote.host.compute  # the CPU runs its layers: the whole graph
+    assert local.device("GPU0").compute > graph
+    assert remote.device(rpc.name).compute == graph
+    full = estimate(m, replace(s, n_gpu_layers=None), (rpc,))
+    # 2 activations of 64 x 512 F32, an F16 mask of 1024 x 512, positions and 8 KiB
+    assert full.host.compute == 2 * 64 * 512 * 4 + 1024 * 512 * 2 + 512 * 4 + 8192
+    no_fa = estimate(m, replace(s, n_gpu_layers=None, flash_attn="off"), (rpc,))
+    assert no_fa.host.compute == 3 * 64 * 512 * 4 + 1024 * 512 * 4 + 512 * 4 + 8192

@@ -491,3 +491,21 @@ def test_request_order_does_not_matter(reqs: list[Request], sizes: list[int], se
     shuffled = reqs[:]
     random.Random(seed).shuffle(shuffled)
     assert toy_place(shuffled, _gpus(sizes)) == toy_place(reqs, _gpus(sizes))
+
+
+# --- remote devices (llama.cpp RPC) ------------------------------------------------------------
+
+
+def test_a_split_lists_remote_devices_first() -> None:
+    """llama.cpp puts RPC devices before the local GPUs: the placement's order (and so its
+    tensor split) follows, and the output layer stays on a local card."""
+    remote = Gpu("RPC0[10.0.0.2:50052]", 16 * GIB, endpoint="10.0.0.2:50052")
+    local = Gpu("GPU0", 8 * GIB)
+    p = toy_place([req("m", 18)], (local, remote))
+    m = p.model("m")
+    assert m is not None
+    assert m.devices == (remote.name, "GPU0")  # the roomier remote card is not put last
+    assert m.gpu_indices == (1, 0)
+    assert m.settings.tensor_split == (16384.0, 8192.0)
+    assert m.footprint.layer_devices[-1] == "GPU0"
+    assert remote.remote and not local.remote

@@ -22,6 +22,7 @@ from qmgui.core.readback import (
     KvRole,
     normalise_device,
     parse_llama_log,
+    rpc_endpoint,
 )
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
@@ -442,3 +443,23 @@ def test_never_raises(lines: list[str]) -> None:
 def test_printed_bytes_round_trip(nbytes: int) -> None:
     printed = float(f"{nbytes / MIB:.2f}")
     assert Amount.printed(printed).matches(nbytes)
+
+
+def test_rpc_buffers_keep_their_endpoint() -> None:
+    """Lines of the test build with two rpc-servers: each server's device 0 prints as RPC0,
+    told apart by the address."""
+    log = (
+        "load_tensors:   CPU_Mapped model buffer size =     1.06 MiB\n"
+        "load_tensors: RPC0[127.0.0.1:50991] model buffer size =     1.27 MiB\n"
+        "load_tensors: RPC0[127.0.0.1:50992] model buffer size =     1.06 MiB\n"
+        "llama_kv_cache: RPC0[127.0.0.1:50991] KV buffer size =     2.00 MiB\n"
+        "sched_reserve: RPC0[127.0.0.1:50991] compute buffer size =     5.51 MiB\n"
+    )
+    report = parse_llama_log(log)
+    by_endpoint = {rpc_endpoint(d.device): d for d in report.devices}
+    assert set(by_endpoint) == {None, "127.0.0.1:50991", "127.0.0.1:50992"}
+    first = by_endpoint["127.0.0.1:50991"]
+    assert (first.model.mib, first.kv.mib, first.compute.mib) == (1.27, 2.0, 5.51)
+    assert by_endpoint[None].device == "CPU"
+    assert rpc_endpoint("RPC[10.0.0.2:50052]") == "10.0.0.2:50052"  # older builds
+    assert rpc_endpoint("CUDA0") is None

@@ -29,6 +29,7 @@ from types import MappingProxyType
 
 from qmgui.core.discovery import ModelEntry
 from qmgui.core.errors import QmguiError
+from qmgui.core.footprint import Gpu
 from qmgui.core.meta import ModelClass
 from qmgui.core.probe import ProbeResult
 
@@ -263,6 +264,7 @@ def refuse(model: ModelEntry, serves: ModelClass, what: str) -> Command | None:
 # hides the other GPUs from the driver (docs/build.md and docs/multi-gpu.md of llama.cpp;
 # GGML_VK_VISIBLE_DEVICES: ggml-vulkan.cpp, "emulate CUDA_VISIBLE_DEVICES")
 DEVICE_PREFIX = {"cuda": "CUDA", "rocm": "ROCm", "vulkan": "Vulkan", "sycl": "SYCL", "metal": "MTL"}
+RPC_PREFIX = "RPC"  # ggml-rpc's device names (RPC0, RPC1… on recent builds)
 VISIBILITY_VAR = {
     "cuda": "CUDA_VISIBLE_DEVICES",
     "rocm": "HIP_VISIBLE_DEVICES",
@@ -273,32 +275,58 @@ VISIBILITY_VAR = {
 @dataclass(frozen=True)
 class DevicePin:
     """Run on these GPUs only: the API the build uses (a backend's variant) and the indices
-    as that API numbers them."""
+    as that API numbers them; `rpc` adds remote devices (llama.cpp `rpc-server` endpoints,
+    `host:port`), which llama.cpp numbers RPC0, RPC1… in `--rpc` order and lists first."""
 
     api: str  # cuda, rocm, vulkan, sycl, metal
     indices: tuple[int, ...]
+    rpc: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.api not in DEVICE_PREFIX:
             raise EmitError(
                 f"cannot pin GPUs of a {self.api!r} build; one of {', '.join(DEVICE_PREFIX)}"
             )
-        if not self.indices or any(i < 0 for i in self.indices):
+        if (not self.indices and not self.rpc) or any(i < 0 for i in self.indices):
             raise EmitError("a device pin needs one or more GPU indices (0, 1, …)")
+        for endpoint in self.rpc:
+            host, _, port = endpoint.rpartition(":")
+            if not host or not port.isdigit() or "," in endpoint:
+                raise EmitError(f"not an rpc-server address: {endpoint!r} (give host:port)")
 
     @property
     def names(self) -> str:
-        """llama.cpp's `--device` list: CUDA0,CUDA1."""
-        return ",".join(f"{DEVICE_PREFIX[self.api]}{i}" for i in self.indices)
+        """llama.cpp's `--device` list: CUDA0,CUDA1 (RPC0,RPC1 first with `rpc`)."""
+        remote = [f"{RPC_PREFIX}{i}" for i in range(len(self.rpc))]
+        return ",".join([*remote, *(f"{DEVICE_PREFIX[self.api]}{i}" for i in self.indices)])
 
     @property
     def visible(self) -> str:
         return ",".join(str(i) for i in self.indices)
 
     def env(self) -> dict[str, str] | None:
-        """The vendor's visibility variable, or None when the API has none we can set."""
+        """The vendor's visibility variable, or None when the API has none we can set (or
+        there are no local GPUs to show: an empty list hides them differently per API)."""
         var = VISIBILITY_VAR.get(self.api)
-        return {var: self.visible} if var else None
+        return {var: self.visible} if var and self.indices else None
+
+    @classmethod
+    def for_devices(
+        cls, devices: Sequence[str], gpus: Sequence[Gpu], api: str | None
+    ) -> DevicePin | None:
+        """The pin for a placement's cards (`devices` by name, in the engine's order) out of
+        the machine's `gpus`: remote ones by endpoint, local ones by their index among the
+        local GPUs (how the API numbers them). None for a CPU-only placement."""
+        by_name = {g.name: g for g in gpus}
+        local = [g.name for g in gpus if not g.remote]
+        missing = [d for d in devices if d not in by_name]
+        if missing:
+            raise EmitError(f"no GPU named {', '.join(missing)} among those planned for")
+        rpc = tuple(by_name[d].endpoint or "" for d in devices if by_name[d].remote)
+        indices = tuple(local.index(d) for d in devices if not by_name[d].remote)
+        if not rpc and not indices:
+            return None
+        return cls(api or "cuda", indices, rpc)
 
 
 # --- what a probed build knows -------------------------------------------------------------------

@@ -4,9 +4,10 @@ What it writes, in order: `-m` (the first shard: llama.cpp opens the others itse
 when the model has a projector, every knob the settings set (`-c`, `-np`, `-kvu`/`-no-kvu`, `-b`
 and `-ub` when not the default, `-ctk`/`-ctv` when not f16, `-fa on|off|auto`, `-ngl`,
 `--n-cpu-moe`/`--cpu-moe`, `-ts`, `--swa-full`, `-nkvo`, `--no-mmap`, `--no-repack`),
-`--embedding`/`--reranking` for those classes, the GPU pin (`--device`, or the vendor's
-visibility variable in the environment), `-fit off`, `--host`, `--port`, `-lv 4`, and last the
-user's extra arguments, which replace a derived flag they repeat.
+`--embedding`/`--reranking` for those classes, the GPU pin (`--rpc host:port,…` for remote
+devices, then `--device`, or the vendor's visibility variable in the environment), `-fit off`,
+`--host`, `--port`, `-lv 4`, and last the user's extra arguments, which replace a derived flag
+they repeat.
 
 Two flags exist for qmgui's own promises rather than the user's settings:
 - `-fit off`: since b6xxx llama-server fits unset values (context, layers) to free memory on
@@ -66,6 +67,7 @@ F_N_CPU_MOE = Flag("n-cpu-moe", (("--n-cpu-moe",), ("-ncmoe",)), group="cpu-moe"
 F_CPU_MOE = Flag("cpu-moe", (("--cpu-moe",), ("-cmoe",)), False, aliases=_MOE)
 F_TENSOR_SPLIT = Flag("tensor-split", (("-ts",), ("--tensor-split",)))
 F_DEVICE = Flag("device", (("--device",), ("-dev",)))
+F_RPC = Flag("rpc", (("--rpc",),))
 F_SWA_FULL = Flag("swa-full", (("--swa-full",),), False)
 F_NO_KV_OFFLOAD = Flag(
     "no-kv-offload",
@@ -109,6 +111,7 @@ TABLE = (
     F_N_CPU_MOE,
     F_CPU_MOE,
     F_TENSOR_SPLIT,
+    F_RPC,
     F_DEVICE,
     F_SWA_FULL,
     F_NO_KV_OFFLOAD,
@@ -231,6 +234,9 @@ def llama_options(
     warnings: list[str] = []
     if devices is not None:
         pin_env = devices.env()
+        if devices.rpc:
+            # remote devices exist only when named: llama.cpp adds them before the local GPUs
+            opts.append(Option(F_RPC, ",".join(devices.rpc)))
         if _has(F_DEVICE, supported_flags) or device_flag_only:
             opts.append(Option(F_DEVICE, devices.names))
         elif pin_env is not None:
