@@ -21,7 +21,7 @@ from qmgui import __version__, notify
 EXIT_OK = 0
 EXIT_USAGE = 2
 # the order commands are listed in `qmgui --help`; modules not named here follow, sorted
-ORDER = ("scan", "plan", "preview", "serve", "export", "backends", "doctor")
+ORDER = ("scan", "plan", "place", "preview", "serve", "export", "backends", "doctor")
 
 
 def _command_modules() -> list[ModuleType]:

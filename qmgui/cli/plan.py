@@ -33,6 +33,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("model", metavar="MODEL", help="a .gguf file (any shard of a split set)")
     add_plan_flags(p)
+    add_rpc_flag(p)
     p.add_argument("--json", action="store_true", help="print the plan as a JSON object")
     p.set_defaults(func=cmd_plan)
 
@@ -118,8 +119,56 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_rpc_flag(p: argparse.ArgumentParser) -> None:
+    """`--rpc HOST:PORT=SIZE`: llama.cpp rpc-servers as devices (`plan`, `place`)."""
+    p.add_argument(
+        "--rpc",
+        action="append",
+        default=[],
+        metavar="HOST:PORT=SIZE",
+        help="a llama.cpp rpc-server as a device: its address and memory (a size or a card, "
+        "like --gpu), optionally /BACKEND for the remote build's allocation rules (cuda, "
+        "vulkan, metal, cpu; default: the card's, else cuda), e.g. 10.0.0.2:50052=24GiB or "
+        "10.0.0.3:50052=3090 or 127.0.0.1:50052=16GiB/cpu; repeat for several. llama.cpp "
+        "lists remote devices before the local GPUs",
+    )
+
+
+RPC_BACKENDS = ("cuda", "vulkan", "metal", "cpu")
+
+
+def rpc_gpus(texts: list[str]) -> tuple[Gpu, ...]:
+    """`--rpc` values as devices, named as llama.cpp names their buffers: `RPC0[host:port]`
+    (device 0 of that server). ValueError with a sentence for anything unreadable."""
+    gpus: list[Gpu] = []
+    for text in texts:
+        addr, sep, what = text.strip().partition("=")
+        host, _, port = addr.rpartition(":")
+        if not sep or not host or not port.isdigit() or not what:
+            raise ValueError(
+                f"--rpc {text}: give the rpc-server's HOST:PORT=SIZE, e.g. 192.168.1.20:50052=24GiB"
+            )
+        what, _, backend = what.partition("/")
+        cards = lookup(what)
+        if len(cards) != 1:
+            raise ValueError(f"--rpc {text}: one device per --rpc (repeat the flag for more)")
+        backend = backend.strip().lower() or cards[0].backend
+        if backend not in RPC_BACKENDS:
+            raise ValueError(f"--rpc {text}: the backend is one of {', '.join(RPC_BACKENDS)}")
+        if any(g.endpoint == addr for g in gpus):
+            raise ValueError(f"--rpc {addr} is given twice")
+        gpus.append(Gpu(f"RPC0[{addr}]", cards[0].total_bytes, backend=backend, endpoint=addr))
+    return tuple(gpus)
+
+
 def gpus_from(args: argparse.Namespace) -> tuple[Gpu, ...]:
-    """The GPUs to plan for: `--gpu` sizes, else the NVIDIA GPUs present (none: CPU only)."""
+    """The devices to plan for: `--rpc` servers first (llama.cpp's order), then the `--gpu`
+    sizes, else the NVIDIA GPUs present (none and no `--rpc`: CPU only)."""
+    remote = rpc_gpus(getattr(args, "rpc", None) or [])
+    return (*remote, *_local_gpus(args))
+
+
+def _local_gpus(args: argparse.Namespace) -> tuple[Gpu, ...]:
     if args.gpu:
         # cards ("4090", "2x3090") keep their name beside the index; plain sizes are GPUi
         gpus: list[Gpu] = []

@@ -16,12 +16,20 @@ from qmgui.core.emit import PORT_MACRO, Command, DevicePin
 from qmgui.core.emit.llama import emit_llama
 from qmgui.core.emit.vllm import emit_vllm
 from qmgui.core.export import ExportError, footprint_comment, vllm_comment
-from qmgui.core.export.llama_swap import SwapGroup, SwapModel, render_cmd, render_llama_swap
+from qmgui.core.export.llama_swap import (
+    SwapGroup,
+    SwapModel,
+    render_cmd,
+    render_llama_swap,
+    render_run_set,
+)
 from qmgui.core.fit import Budget, check, gpus_from_sizes
 from qmgui.core.launch import LaunchSettings
+from qmgui.core.placement import place
 from qmgui.core.units import GIB
 from qmgui.core.vllm import plan_vllm
 from tests.core.test_emit_llama import assert_golden
+from tests.core.test_placement import cards, req, toy
 from tests.core.test_shell import windows_split
 from tests.synth.factory import PRESETS, write_gguf, write_hf_folder, write_mmproj, write_split
 
@@ -272,3 +280,57 @@ def test_no_models_is_still_a_valid_config() -> None:
     doc = yaml.safe_load(result.text)
     assert doc["models"] == {}
     check_schema(doc)
+
+
+# --- a placement's run set ---------------------------------------------------------------------
+
+
+def test_a_run_set_groups_co_resident_models_and_carries_each_placement(tmp_path: Path) -> None:
+    """Six models on four cards, sized by the toy estimator of the placement tests (weights
+    plus 224 MiB of KV each). Best fit, largest first: d (7.2 GiB) takes GPU1 (the first of
+    the two 8 GiB cards), a GPU3, b GPU2, e the 2.8 GiB left on GPU3; c (14.2 GiB) fits on
+    no card and splits over the two roomiest, GPU2 (3872 MiB left) and GPU0 (12288 MiB), the
+    roomiest last. So b and c run together (GPU2), a and e (GPU3), d alone; f fits nowhere
+    and is named in the config, not exported."""
+    reqs = [req("a", 5), req("b", 5), req("c", 14), req("d", 7), req("e", 1), req("f", 40)]
+    gpus = cards(12, 8, 9, 8)
+    p = place(reqs, gpus, reserve=0, estimate=toy)
+    assert {x.name: x.devices for x in p.placed} == {
+        "a": ("GPU3",),
+        "b": ("GPU2",),
+        "c": ("GPU2", "GPU0"),
+        "d": ("GPU1",),
+        "e": ("GPU3",),
+    }
+    path = write_gguf(tmp_path / "tiny.gguf", PRESETS["llama"])
+    tiny = entry(path)
+    commands = {
+        x.name: emit_llama(
+            tiny,
+            x.settings,
+            executable=EXE,
+            port=PORT_MACRO,
+            devices=DevicePin.for_devices(x.devices, gpus, "cuda"),
+        )
+        for x in p.placed
+    }
+    result = render_run_set(p, commands)
+    doc = yaml.safe_load(result.text)
+    check_schema(doc)
+    assert set(doc["models"]) == {"a", "b", "c", "d", "e"}
+    groups = {gid: g["members"] for gid, g in doc["groups"].items()}
+    assert groups == {"gpu0+gpu2": ["b", "c"], "gpu3": ["a", "e"], "gpu1": ["d"]}
+    for g in doc["groups"].values():
+        assert g["swap"] is False and g["exclusive"] is False
+    assert sorted(doc["hooks"]["on_startup"]["preload"]) == ["a", "b", "c", "d", "e"]
+    c = swap_argv(doc["models"]["c"]["cmd"], 5801)
+    assert c[c.index("--device") + 1] == "CUDA2,CUDA0"
+    assert c[c.index("-ts") + 1] == "3872,12288"
+    assert c[c.index("-c") + 1] == "4096"
+    assert c[c.index("-ngl") + 1] == str(N_TOY_LAYERS + 1)
+    assert "-ts" not in swap_argv(doc["models"]["a"]["cmd"], 5801)
+    assert "f: not placed" in result.text
+    assert any(w.startswith("f: not placed") for w in result.warnings)
+
+
+N_TOY_LAYERS = 7

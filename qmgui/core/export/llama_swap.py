@@ -16,7 +16,10 @@ back and hold it to these rules):
   every `${…}` in `cmd` is read as a macro (an unknown one fails the whole config), so a command
   whose own words contain `${` cannot be exported and is left out with a warning.
 
-Each model's estimated VRAM is written as a comment above it. `proxy` names 127.0.0.1 because
+Each model's estimated VRAM is written as a comment above it. `render_run_set` writes the run
+set of a placement (`core.placement`): each model's command carries its cards and split, and
+models that share cards are a group that runs together (`swap: false`, `exclusive: false`),
+preloaded at start (`hooks.on_startup.preload`). `proxy` names 127.0.0.1 because
 the engines listen on loopback only (`localhost` may resolve to ::1 first).
 """
 
@@ -31,7 +34,9 @@ from typing import Any
 import yaml
 
 from qmgui.core.emit import PORT_MACRO, Command, flag_head
-from qmgui.core.export import Export, ExportError, unique_name
+from qmgui.core.export import Export, ExportError, footprint_comment, unique_name
+from qmgui.core.footprint import CPU
+from qmgui.core.placement import Placed, Placement
 from qmgui.core.shell import quote_posix_word, quote_windows_word
 
 # llama-swap's default is 120 s; a large model from a slow disk takes longer than that to load
@@ -39,6 +44,7 @@ DEFAULT_HEALTH_CHECK_TIMEOUT = 300
 MIN_HEALTH_CHECK_TIMEOUT = 15  # llama-swap raises anything lower to 15
 PROXY = f"http://127.0.0.1:{PORT_MACRO}"
 _MACRO = re.compile(r"\$\{")
+_GROUP_ID = re.compile(r"[^A-Za-z0-9]+")
 
 
 @dataclass(frozen=True)
@@ -178,8 +184,10 @@ def render_llama_swap(
     groups: Mapping[str, SwapGroup] | None = None,
     windows: bool = False,
     header: Sequence[str] = (),
+    preload: Sequence[str] = (),
 ) -> Export:
-    """The config.yaml text for `models` (`windows`: quote `cmd` for llama-swap on Windows)."""
+    """The config.yaml text for `models` (`windows`: quote `cmd` for llama-swap on Windows).
+    `preload`: model ids llama-swap starts when it starts (`hooks.on_startup.preload`)."""
     warnings: list[str] = []
     taken_ids: set[str] = set()
     taken_aliases: set[str] = set()
@@ -214,4 +222,95 @@ def render_llama_swap(
     group_map, group_warnings = _groups(groups or {}, ids, skipped)
     if group_map:
         text += _dump({"groups": group_map})
+    started = [ids[m] for m in preload if m in ids]
+    if started:
+        text += _dump({"hooks": {"on_startup": {"preload": started}}})
     return Export(text=text, warnings=(*warnings, *group_warnings))
+
+
+# --- a run set: several models placed together (core.placement) ---------------------------------
+
+
+def run_set_groups(placement: Placement) -> dict[str, SwapGroup]:
+    """llama-swap groups for the models a placement runs together.
+
+    Placed models that share a card, directly or through another model, are one group that
+    runs together (`swap: false`): the placement charged each against the others, so all of
+    them fit at once. Different groups hold different cards, so starting one must not unload
+    another (`exclusive: false`). Models on the CPU alone share host memory: one group `cpu`.
+    Group ids name the cards, in the order given (`gpu0+gpu2`, `rpc0-10-0-0-2-50052`)."""
+    index = {d.device: i for i, d in enumerate(placement.gpus)}
+    parent = {p.name: p.name for p in placement.placed}
+
+    def root(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    owner: dict[str, str] = {}
+    for p in placement.placed:
+        for d in p.devices or (CPU,):
+            if d in owner:
+                parent[root(p.name)] = root(owner[d])
+            else:
+                owner[d] = p.name
+    members: dict[str, list[str]] = {}
+    for p in placement.placed:
+        members.setdefault(root(p.name), []).append(p.name)
+    groups: dict[str, SwapGroup] = {}
+    for names in members.values():
+        cards = sorted({d for n in names for d in _devices(placement, n) if d in index},
+                       key=index.__getitem__)  # fmt: skip
+        gid = "+".join(_GROUP_ID.sub("-", c).strip("-").lower() for c in cards) or "cpu"
+        groups[gid] = SwapGroup(members=tuple(names), swap=False, exclusive=False)
+    return groups
+
+
+def _devices(placement: Placement, name: str) -> tuple[str, ...]:
+    placed = placement.model(name)
+    return placed.devices if placed is not None else ()
+
+
+def placement_comment(placed: Placed) -> str:
+    """One line for a config comment: where the placement put the model and with what."""
+    s = placed.settings
+    where = ", ".join(placed.devices) if placed.devices else "the CPU"
+    split = f", tensor split {','.join(f'{x:g}' for x in s.tensor_split)}" if placed.split else ""
+    r = placed.footprint.settings
+    return f"placed on {where}{split}; context {r.n_ctx}, {r.n_seq} slots"
+
+
+def render_run_set(
+    placement: Placement,
+    commands: Mapping[str, Command],
+    *,
+    ttl: int = 0,
+    windows: bool = False,
+    header: Sequence[str] = (),
+    preload: bool = True,
+) -> Export:
+    """A llama-swap config that serves a placement's run set on a headless server.
+
+    `commands` holds each placed model's command, emitted with the placement's settings and
+    cards (`--device`, `-ts`, `-c`, `-ngl`) and `port=PORT_MACRO`. Co-resident models share a
+    group (`run_set_groups`); with `preload` llama-swap starts them all when it starts. Models
+    the placement could not place are named in the header and left out."""
+    models = [
+        SwapModel(
+            id=p.name,
+            command=commands.get(p.name) or Command((), warnings=(f"{p.name}: no command",)),
+            ttl=ttl,
+            comments=(placement_comment(p), footprint_comment(p.footprint), *p.notes),
+        )
+        for p in placement.placed
+    ]
+    left_out = [f"{u.name}: not placed: {u.reason}" for u in placement.unplaced]
+    result = render_llama_swap(
+        models,
+        groups=run_set_groups(placement),
+        windows=windows,
+        header=(*header, *left_out),
+        preload=[p.name for p in placement.placed] if preload else (),
+    )
+    return Export(result.text, (*left_out, *result.warnings))

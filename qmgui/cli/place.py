@@ -1,0 +1,410 @@
+"""`qmgui place`: several models on several GPUs at once (`core.placement`), printed per model
+and per device, as JSON, or as a llama-swap config for a headless server."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, TextIO
+
+from qmgui import notify
+from qmgui.cli.plan import add_rpc_flag, gpus_from
+from qmgui.cli.preview import Resolver, UsageError, load_quietly
+from qmgui.core.discovery import ModelEntry, entry_for_path
+from qmgui.core.emit import PORT_MACRO, Command, DevicePin, EmitError, skipped
+from qmgui.core.emit.llama import emit_llama
+from qmgui.core.errors import SizingError
+from qmgui.core.export import ExportError, unique_name
+from qmgui.core.export.llama_swap import render_run_set
+from qmgui.core.footprint import Gpu
+from qmgui.core.launch import CACHE_TYPES, LaunchSettings
+from qmgui.core.placement import AutoContext, Placed, Placement, Request, Unplaced, place
+from qmgui.core.units import format_bytes, parse_size
+
+EXIT_OK = 0
+EXIT_UNPLACED = 1  # the placement was made, but some model does not fit
+EXIT_USAGE = 2
+SOURCE = "place"
+AUTO = "auto"
+
+EPILOG = """\
+per-model settings: MODEL@KEY=VALUE,KEY=VALUE with llama-server's short names
+  c (or ctx)  context in tokens across the slots, or "auto" (the default: at least 4096,
+              then grown toward the trained context with the room left at the end)
+  np          slots (-np)        ngl    layers on the GPUs (-ngl; default all)
+  ctk, ctv    KV cache types     fa     flash attention: on, off, auto
+  ncmoe       MoE expert layers kept on the CPU (--n-cpu-moe)
+  name        the name the model gets in the output and in the llama-swap config
+example: qmgui place a.gguf@c=32768,np=2 b.gguf@ctx=auto,ctk=q8_0,ctv=q8_0 --gpu 4090 --gpu 3090
+
+exit status: 0 when every model is placed, 1 when one or more do not fit (each is printed
+with the reason and the nearest settings that fit), 2 for a usage error.
+"""
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "place",
+        help="place several models on the GPUs at once: cards, split, context, slots",
+        description="Place MODEL... together on the GPUs (and llama.cpp rpc-servers): each on "
+        "one card where it fits (the fullest card that holds it), a tensor split only when no "
+        "card holds it, every card charged for everything on it. Prints per model the cards, "
+        "split, context and slots, and per device each model's bytes and what is left.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("models", nargs="+", metavar="MODEL", help="a .gguf file, with @settings")
+    p.add_argument(
+        "--gpu",
+        action="append",
+        default=[],
+        metavar="SIZE",
+        help="plan for a GPU that need not exist: a size (24GiB) or a card (4090, 2x3090); "
+        "repeat for several (default: the NVIDIA GPUs present)",
+    )
+    add_rpc_flag(p)
+    p.add_argument(
+        "--reserve",
+        default="512MiB",
+        metavar="SIZE",
+        help="headroom left free on every GPU (default 512MiB)",
+    )
+    p.add_argument(
+        "--host-memory",
+        metavar="SIZE",
+        help="host RAM the parts on the CPU may use (default: not checked)",
+    )
+    p.add_argument("-c", "--ctx-size", dest="ctx", default=AUTO, help="every model's context")
+    p.add_argument("-np", "--parallel", dest="parallel", type=int, help="every model's slots")
+    p.add_argument("-ctk", "--cache-type-k", dest="ctk", default="f16", choices=CACHE_TYPES)
+    p.add_argument("-ctv", "--cache-type-v", dest="ctv", default="f16", choices=CACHE_TYPES)
+    p.add_argument("-fa", "--flash-attn", dest="fa", default="auto", choices=("on", "off", "auto"))
+    p.add_argument("--json", action="store_true", help="print the placement as JSON")
+    p.add_argument(
+        "--llama-swap",
+        metavar="FILE",
+        help="also write a llama-swap config serving the placed models together "
+        "(- for stdout instead of the table)",
+    )
+    p.add_argument("--backend", metavar="ID|PATH", help="the llama-server for --llama-swap")
+    p.add_argument(
+        "--no-probe", action="store_true", help="do not run the engine's --help to check flags"
+    )
+    p.set_defaults(func=cmd_place)
+
+
+# --- reading the command line --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One MODEL argument: the path, its settings and its context rule."""
+
+    path: str
+    name: str | None
+    settings: LaunchSettings
+    context: AutoContext | None
+
+
+def _ctx(value: str) -> tuple[int | None, AutoContext | None]:
+    if value.strip().lower() == AUTO:
+        return None, AutoContext()
+    n = int(value)
+    if n <= 0:
+        raise ValueError(f"a context must be positive, not {value}")
+    return n, None
+
+
+def _choice(key: str, value: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValueError(f"{key}={value}: one of {', '.join(choices)}")
+    return value
+
+
+def _int(value: str) -> int:
+    return int(value)
+
+
+# MODEL@KEY=VALUE: the LaunchSettings field each key sets and how its value is read
+_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "np": ("parallel", _int),
+    "ngl": ("n_gpu_layers", _int),
+    "ncmoe": ("n_cpu_moe", _int),
+    "ctk": ("cache_type_k", lambda v: _choice("ctk", v, CACHE_TYPES)),
+    "ctv": ("cache_type_v", lambda v: _choice("ctv", v, CACHE_TYPES)),
+    "fa": ("flash_attn", lambda v: _choice("fa", v, ("on", "off", "auto"))),
+}
+
+
+def parse_spec(text: str, base: LaunchSettings, ctx: str) -> Spec:
+    """`path@c=8192,np=2`: the settings after the last `@` (when they read as KEY=VALUE)."""
+    path, sep, tail = text.rpartition("@")
+    if not sep or "=" not in tail:
+        path, tail = text, ""
+    changes: dict[str, Any] = {}
+    name: str | None = None
+    for pair in (p for p in tail.split(",") if p.strip()):
+        key, eq, value = (x.strip() for x in pair.partition("="))
+        if not eq or not value:
+            raise ValueError(f"{text}: write each setting as KEY=VALUE ({pair!r})")
+        if key in ("c", "ctx"):
+            ctx = value
+        elif key == "name":
+            name = value
+        elif key in _KEYS:
+            field, read = _KEYS[key]
+            try:
+                changes[field] = read(value)
+            except ValueError as e:
+                why = str(e) if key in ("ctk", "ctv", "fa") else f"{key}={value}: not a number"
+                raise ValueError(f"{text}: {why}") from None
+        else:
+            raise ValueError(f"{text}: unknown setting {key!r} (see qmgui place --help)")
+    try:
+        ctx_size, auto = _ctx(ctx)
+    except ValueError:
+        raise ValueError(f"{text}: the context is a number of tokens or 'auto'") from None
+    return Spec(path, name, replace(base, ctx_size=ctx_size, **changes), auto)
+
+
+def _requests(
+    specs: list[Spec],
+) -> tuple[list[Request], dict[str, ModelEntry], list[Unplaced]]:
+    """The requests, the entries by request name, and the models that cannot be placed at all
+    (unreadable files, Hugging Face folders)."""
+    taken: set[str] = set()
+    requests: list[Request] = []
+    entries: dict[str, ModelEntry] = {}
+    refused: list[Unplaced] = []
+    for spec in specs:
+        entry = entry_for_path(spec.path)
+        name = unique_name(spec.name or entry.name, taken)
+        if entry.meta is None or entry.error:
+            refused.append(Unplaced(name, entry.error or "not a model"))
+        elif entry.format != "gguf":
+            refused.append(
+                Unplaced(name, "placement sizes llama-server launches of GGUF files; "
+                         "plan this Hugging Face folder for vLLM (qmgui plan --engine vllm)")
+            )  # fmt: skip
+        else:
+            requests.append(Request(name, entry.meta, spec.settings, context=spec.context))
+            entries[name] = entry
+    return requests, entries, refused
+
+
+# --- output --------------------------------------------------------------------------------------
+
+
+def _row(p: Placed) -> dict[str, Any]:
+    r = p.footprint.settings
+    return {
+        "name": p.name,
+        "placed": True,
+        "devices": list(p.devices),
+        "gpu_indices": list(p.gpu_indices),
+        "tensor_split": [int(x) if float(x).is_integer() else x for x in p.settings.tensor_split],
+        "context": r.n_ctx,
+        "context_per_slot": r.n_ctx_seq,
+        "slots": r.n_seq,
+        "kv_unified": r.kv_unified,
+        "n_gpu_layers": p.footprint.n_gpu_layers,
+        "cache_type_k": r.cache_type_k,
+        "cache_type_v": r.cache_type_v,
+        "bytes": {d.name: d.total for d in p.footprint.devices if d.total},
+        "devices_detail": [d.to_json() for d in p.footprint.devices],
+        "notes": list(p.notes),
+    }
+
+
+def _unplaced_row(u: Unplaced) -> dict[str, Any]:
+    return {
+        "name": u.name,
+        "placed": False,
+        "reason": u.reason,
+        "nearest": [
+            {
+                "kind": s.kind.value,
+                "summary": s.summary,
+                "devices": list(s.devices),
+                "context": s.settings.ctx_size,
+                "n_gpu_layers": s.settings.n_gpu_layers,
+                "n_cpu_moe": s.settings.n_cpu_moe,
+                "cache_type_k": s.settings.cache_type_k,
+                "cache_type_v": s.settings.cache_type_v,
+            }
+            for s in u.nearest
+        ],
+        "notes": list(u.notes),
+    }
+
+
+def placement_json(p: Placement, gpus: tuple[Gpu, ...]) -> dict[str, Any]:
+    endpoints = {g.name: g.endpoint for g in gpus}
+    return {
+        "fits": p.fits,
+        "models": [_row(x) for x in p.placed] + [_unplaced_row(u) for u in p.unplaced],
+        "devices": [
+            {
+                "name": d.device,
+                "endpoint": endpoints.get(d.device),
+                "budget": d.budget,
+                "occupied": d.occupied,
+                "used": d.used,
+                "free": d.free,
+                "shares": [{"model": s.model, "bytes": s.bytes} for s in d.shares],
+            }
+            for d in (*p.gpus, p.host)
+        ],
+    }
+
+
+def _table(rows: Sequence[tuple[str, ...]], out: TextIO) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        cells = (c.rjust(w) if 0 < i < len(row) - 1 else c.ljust(w) for i, (c, w) in
+                 enumerate(zip(row, widths, strict=True)))  # fmt: skip
+        print("  ".join(cells).rstrip(), file=out)
+
+
+def print_placement(p: Placement, out: TextIO) -> None:
+    total = len(p.placed) + len(p.unplaced)
+    n = len(p.gpus)
+    print(
+        f"placed {len(p.placed)} of {total} models on {n} device{'' if n == 1 else 's'}",
+        file=out,
+    )
+    if p.placed:
+        rows: list[tuple[str, ...]] = [("MODEL", "CONTEXT", "SLOTS", "LAYERS", "SPLIT", "DEVICES")]
+        for x in p.placed:
+            r = x.footprint.settings
+            split = ",".join(f"{v:g}" for v in x.settings.tensor_split) if x.split else "-"
+            rows.append(
+                (
+                    x.name,
+                    str(r.n_ctx),
+                    str(r.n_seq),
+                    str(x.footprint.n_gpu_layers),
+                    split,
+                    ", ".join(x.devices) or "CPU only",
+                )
+            )
+        print(file=out)
+        _table(rows, out)
+    for x in p.placed:
+        for note in x.notes:
+            print(f"note: {x.name}: {note}", file=out)
+    print(file=out)
+    loads: list[tuple[str, ...]] = [("DEVICE", "BUDGET", "USED", "FREE", "MODELS")]
+    for d in (*p.gpus, p.host):
+        shares = ", ".join(f"{s.model} {format_bytes(s.bytes)}" for s in d.shares) or "-"
+        if d.occupied:
+            shares = f"other {format_bytes(d.occupied)}; {shares}"
+        budget = format_bytes(d.budget) if d.budget is not None else "unchecked"
+        loads.append((d.device, budget, format_bytes(d.used), format_bytes(d.free), shares))
+    _table(loads, out)
+    for u in p.unplaced:
+        print(f"\nnot placed: {u.name}: {u.reason}", file=out)
+        for s in u.nearest:
+            names = ", ".join(s.devices)
+            where = f" on {names}" if names and names not in s.summary else ""
+            print(f"  nearest: {s.summary}{where}", file=out)
+        for note in u.notes:
+            print(f"  note: {note}", file=out)
+
+
+# --- llama-swap ----------------------------------------------------------------------------------
+
+
+def _commands(
+    p: Placement, entries: dict[str, ModelEntry], gpus: tuple[Gpu, ...], args: argparse.Namespace
+) -> dict[str, Command]:
+    resolver = Resolver(
+        load_quietly(), backend_arg=args.backend, engine="llama", probe=not args.no_probe
+    )
+    commands: dict[str, Command] = {}
+    for x in p.placed:
+        entry = entries[x.name]
+        target = resolver.target(entry)
+        if isinstance(target, str):
+            commands[x.name] = skipped(target)
+            continue
+        pin = DevicePin.for_devices(x.devices, gpus, target.variant)
+        commands[x.name] = emit_llama(
+            entry,
+            x.settings,
+            executable=target.executable,
+            port=PORT_MACRO,
+            supported_flags=target.supported,
+            valueless_flags=target.valueless,
+            devices=pin,
+        )
+    return commands
+
+
+def _write_swap(
+    p: Placement,
+    entries: dict[str, ModelEntry],
+    gpus: tuple[Gpu, ...],
+    args: argparse.Namespace,
+    out: TextIO,
+) -> int:
+    from qmgui.cli.export import write_atomic  # noqa: PLC0415 - export imports this package
+
+    result = render_run_set(
+        p,
+        _commands(p, entries, gpus, args),
+        header=("llama-swap config written by qmgui place: the run set, preloaded together",),
+    )
+    for warning in result.warnings:
+        notify.warning(warning, source=SOURCE)
+    if args.llama_swap == "-":
+        out.write(result.text)
+        return EXIT_OK
+    try:
+        write_atomic(args.llama_swap, result.text)
+    except OSError as e:
+        notify.error(f"could not write {args.llama_swap}: {e.strerror or e}", source=SOURCE)
+        return EXIT_USAGE
+    notify.info(f"wrote {args.llama_swap}", source=SOURCE)
+    return EXIT_OK
+
+
+def cmd_place(args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        gpus = gpus_from(args)
+        reserve = parse_size(args.reserve, allow_zero=True)
+        host = parse_size(args.host_memory) if args.host_memory else None
+        base = LaunchSettings(
+            parallel=args.parallel,
+            cache_type_k=args.ctk,
+            cache_type_v=args.ctv,
+            flash_attn=args.fa,
+        )
+        specs = [parse_spec(text, base, args.ctx) for text in args.models]
+    except ValueError as e:
+        notify.error(str(e), source=SOURCE)
+        return EXIT_USAGE
+    requests, entries, refused = _requests(specs)
+    try:
+        p = place(requests, gpus, reserve=reserve, host_bytes=host)
+    except SizingError as e:
+        notify.error(str(e), source=SOURCE)
+        return EXIT_USAGE
+    if refused:
+        p = replace(p, unplaced=(*p.unplaced, *refused))
+    if args.llama_swap:
+        try:
+            code = _write_swap(p, entries, gpus, args, out)
+        except (UsageError, EmitError, ExportError) as e:
+            notify.error(str(e), source=SOURCE)
+            return EXIT_USAGE
+        if code != EXIT_OK or args.llama_swap == "-":
+            return code
+    if args.json:
+        json.dump(placement_json(p, gpus), out, indent=2)
+        out.write("\n")
+    else:
+        print_placement(p, out)
+    return EXIT_OK if p.fits else EXIT_UNPLACED

@@ -1,0 +1,122 @@
+"""`qmgui place`: several models on several GPUs from the command line, as a table, as JSON
+and as a llama-swap config; per-model settings after `@`; exit status 1 when one does not
+fit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from qmgui.cli.place import parse_spec
+from qmgui.core.launch import LaunchSettings
+from qmgui.core.placement import AutoContext
+from tests.synth.factory import PRESETS, write_gguf, write_hf_folder
+from tests.test_cli import run
+
+
+@pytest.fixture
+def models(tmp_path: Path) -> Path:
+    write_gguf(tmp_path / "llama.gguf", PRESETS["llama"])
+    write_gguf(tmp_path / "qwen2.gguf", PRESETS["qwen2"])
+    return tmp_path
+
+
+def test_per_model_settings_follow_the_last_at() -> None:
+    base = LaunchSettings(cache_type_k="q8_0")
+    s = parse_spec("/m/a@b.gguf@c=8192,np=2,ngl=20,ctv=q8_0,fa=on,name=chat", base, "auto")
+    assert s.path == "/m/a@b.gguf"
+    assert s.name == "chat"
+    assert s.context is None
+    assert s.settings.ctx_size == 8192
+    assert (s.settings.parallel, s.settings.n_gpu_layers) == (2, 20)
+    assert (s.settings.cache_type_k, s.settings.cache_type_v) == ("q8_0", "q8_0")
+    plain = parse_spec("/m/user@host.gguf", base, "auto")
+    assert plain.path == "/m/user@host.gguf"
+    assert plain.context == AutoContext()
+    assert plain.settings.ctx_size is None
+    with pytest.raises(ValueError, match="unknown setting 'bogus'"):
+        parse_spec("/m/a.gguf@bogus=1", base, "auto")
+    with pytest.raises(ValueError, match="ctk=q9: one of"):
+        parse_spec("/m/a.gguf@ctk=q9", base, "auto")
+
+
+def test_json_gives_each_model_its_cards_and_each_device_its_shares(models: Path) -> None:
+    code, out, _ = run(
+        "place",
+        f"{models / 'llama.gguf'}@c=1024,np=2",
+        f"{models / 'qwen2.gguf'}@c=2048",
+        "--gpu", "64MiB", "--gpu", "32MiB", "--reserve", "0", "--json",
+    )  # fmt: skip
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["fits"] is True
+    rows = {m["name"]: m for m in doc["models"]}
+    llama = rows["llama"]
+    assert llama["placed"] and llama["context"] == 1024 and llama["slots"] == 2
+    assert llama["context_per_slot"] == 512
+    assert llama["tensor_split"] == []
+    (card,) = llama["devices"]
+    devices = {d["name"]: d for d in doc["devices"]}
+    assert [d["name"] for d in doc["devices"]] == ["GPU0", "GPU1", "CPU"]
+    share = {s["model"]: s["bytes"] for s in devices[card]["shares"]}
+    assert share["llama"] == llama["bytes"][card]
+    for d in doc["devices"][:2]:
+        assert isinstance(d["budget"], int) and isinstance(d["used"], int)
+        assert d["free"] == d["budget"] - d["used"] >= 0
+        assert all(isinstance(s["bytes"], int) for s in d["shares"])
+
+
+def test_a_model_that_does_not_fit_prints_why_and_the_nearest_fit(models: Path) -> None:
+    code, out, _ = run(
+        "place", str(models / "llama.gguf"), f"{models / 'qwen2.gguf'}@c=32768",
+        "--gpu", "32MiB", "--reserve", "0",
+    )  # fmt: skip
+    assert code == 1
+    assert "placed 1 of 2 models on 1 device\n" in out
+    assert "not placed: qwen2: does not fit with 32768 tokens of context" in out
+    assert "nearest: fits with a context of" in out
+    code, out, _ = run(
+        "place", str(models / "llama.gguf"), f"{models / 'qwen2.gguf'}@c=32768",
+        "--gpu", "32MiB", "--reserve", "0", "--json",
+    )  # fmt: skip
+    assert code == 1
+    (qwen,) = [m for m in json.loads(out)["models"] if not m["placed"]]
+    assert qwen["nearest"][0]["kind"] == "context"
+    assert qwen["nearest"][0]["context"] < 32768
+
+
+def test_rpc_servers_are_devices_and_the_llama_swap_config_names_them(models: Path) -> None:
+    code, out, _ = run(
+        "place",
+        f"{models / 'llama.gguf'}@c=1024",
+        f"{models / 'qwen2.gguf'}@c=1024",
+        "--gpu", "5MiB", "--rpc", "10.0.0.2:50052=5MiB/cpu", "--reserve", "0",
+        "--llama-swap", "-", "--backend", "/opt/llama.cpp/llama-server", "--no-probe",
+    )  # fmt: skip
+    assert code == 0
+    doc = yaml.safe_load(out)
+    cmds = {k: v["cmd"].split() for k, v in doc["models"].items()}
+    remote = [k for k, c in cmds.items() if "--rpc" in c]
+    local = [k for k, c in cmds.items() if "--rpc" not in c]
+    assert len(remote) == len(local) == 1, cmds
+    rc = cmds[remote[0]]
+    assert rc[rc.index("--rpc") + 1] == "10.0.0.2:50052"
+    assert rc[rc.index("--device") + 1] == "RPC0"
+    lc = cmds[local[0]]
+    assert lc[lc.index("--device") + 1] == "CUDA0"  # the first local GPU, after the remote one
+    assert len(doc["groups"]) == 2
+    assert sorted(doc["hooks"]["on_startup"]["preload"]) == sorted(cmds)
+
+
+def test_usage_errors_and_models_that_cannot_be_placed(models: Path) -> None:
+    code, _, err = run("place", f"{models / 'llama.gguf'}@np=x", "--gpu", "1GiB")
+    assert code == 2 and "np=x" in err
+    code, _, err = run("place", str(models / "llama.gguf"), "--rpc", "10.0.0.2=1GiB")
+    assert code == 2 and "HOST:PORT=SIZE" in err
+    write_hf_folder(models / "hf")
+    code, out, _ = run("place", str(models / "hf"), str(models / "llama.gguf"), "--gpu", "1GiB")
+    assert code == 1
+    assert "not placed: " in out and "vLLM" in out
