@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tarfile
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -140,21 +139,41 @@ def predicted(meta: ModelMeta, ls: Any, gpu: Gpu, embeddings: bool) -> dict[str,
     return out
 
 
-def one_launch(
-    binary: str, model: Path, meta: ModelMeta, label: str, args: list[str], ls: Any,
-    gpu: Gpu, device: str, sampler: Sampler | None, logs: Path,
-) -> dict[str, Any]:  # fmt: skip
+@dataclass(frozen=True)
+class Launch:
+    """One llama-server launch to measure: the model, its flags and qmgui's settings for them."""
+
+    model: Path
+    meta: ModelMeta
+    label: str
+    args: tuple[str, ...]
+    settings: Any  # LaunchSettings
+
+
+@dataclass(frozen=True)
+class Rig:
+    """What every launch shares: the engine, the card as qmgui plans it, where logs go."""
+
+    binary: str
+    gpu: Gpu
+    device: str  # llama-server --device name
+    sampler: Sampler | None
+    logs: Path
+
+
+def one_launch(launch: Launch, rig: Rig) -> dict[str, Any]:
+    meta, gpu, device, sampler = launch.meta, rig.gpu, rig.device, rig.sampler
     embedding = meta.model_class in (ModelClass.EMBEDDING, ModelClass.RERANK)
-    full = [*BASE_ARGS, *args, "--device", device]
+    full = [*BASE_ARGS, *launch.args, "--device", device]
     if embedding:
         full.append("--embedding")
     base = sampler.reset() if sampler else None
-    outcome = load_and_stop(binary, model, full, timeout_s=120.0)
+    outcome = load_and_stop(rig.binary, launch.model, full, timeout_s=120.0)
     peak = sampler.peak() if sampler else None
     report = parse_llama_log(outcome.log)
-    safe = "".join(ch if ch.isalnum() or ch in "=._-" else "_" for ch in label)
-    (logs / f"{model.stem}__{safe}.log").write_text(outcome.log, encoding="utf-8")
-    pred = predicted(meta, ls, gpu, embedding)
+    safe = "".join(ch if ch.isalnum() or ch in "=._-" else "_" for ch in launch.label)
+    (rig.logs / f"{launch.model.stem}__{safe}.log").write_text(outcome.log, encoding="utf-8")
+    pred = predicted(meta, launch.settings, gpu, embedding)
     meas = measured_json(report)
     verdicts: dict[str, dict[str, str]] = {}
     for dev in (gpu.name, "CPU"):
@@ -166,8 +185,8 @@ def one_launch(
     measured_gpu = meas["devices"].get(device, {})
     logged_gpu = sum(v["bytes"] for v in measured_gpu.values()) if measured_gpu else 0
     return {
-        "model": model.stem,
-        "setting": label,
+        "model": launch.model.stem,
+        "setting": launch.label,
         "args": full,
         "loaded": report.loaded,
         "failures": [f.message for f in report.failures],
@@ -256,8 +275,8 @@ def render(rows: Sequence[dict[str, Any]], gpu: Gpu, header: dict[str, Any]) -> 
     return "\n".join(out) + "\n"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def _args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--binary")
     ap.add_argument("--device", default="Vulkan0", help="llama-server --device name")
@@ -267,25 +286,93 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--full", action="append", help="full-size sparse models; default: 4")
     ap.add_argument("--no-full", action="store_true")
     ap.add_argument("--tiny-deadline", type=float, default=150.0)
-    a = ap.parse_args(argv)
-    a.out.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
+    return ap.parse_args(argv)
 
+
+def _record_nvml(out: Path) -> tuple[str, str | None]:
+    """NVML's answers as a fixture (nvml-<card>.json); (card name, driver version)."""
     rec = qnvml.record()
-    reading = qnvml.read_nvml()
     card = rec["devices"][0]["name"] if rec.get("devices") else "no NVML device"
     safe_card = "".join(ch if ch.isalnum() else "-" for ch in card).strip("-").lower()
-    (a.out / f"nvml-{safe_card}.json").write_text(json.dumps(rec, indent=1), encoding="utf-8")
-    print("NVML reading:", reading, flush=True)
+    (out / f"nvml-{safe_card}.json").write_text(json.dumps(rec, indent=1), encoding="utf-8")
+    print("NVML reading:", qnvml.read_nvml(), flush=True)
+    return card, rec.get("driver_version")
 
-    import pynvml as nvml  # noqa: PLC0415 - only here, where a driver exists
+
+def _nvml_handle() -> tuple[Any, Any]:
+    """(pynvml module, handle of card 0), the handle None where there is no driver."""
+    import pynvml as nvml  # only here, where a driver may exist
 
     try:
         nvml.nvmlInit()
-        handle = nvml.nvmlDeviceGetHandleByIndex(0)
+        return nvml, nvml.nvmlDeviceGetHandleByIndex(0)
     except Exception as e:  # a dry run on a machine without a driver
         print("NVML unavailable:", e, flush=True)
-        handle = None
+        return nvml, None
+
+
+def _engine_version(binary: str) -> list[str]:
+    version = subprocess.run(
+        [binary, "--version"], capture_output=True, text=True, timeout=60, check=False
+    )
+    devices = subprocess.run(
+        [binary, "--list-devices"], capture_output=True, text=True, timeout=60, check=False
+    )
+    print(devices.stdout, devices.stderr[-2000:], flush=True)
+    return (version.stdout + version.stderr).strip().splitlines()
+
+
+def _launches(a: argparse.Namespace, tmp: Path) -> Iterator[tuple[bool, Launch]]:
+    """(tiny, launch) for every model and setting: the tiny architectures, then the
+    full-size sparse models."""
+    models = [(p, _settings) for p in write_models(a.arch or ARCHS, tmp).values()]
+    if not a.no_full:
+        from tests.synth.factory import FULL_SIZE_PRESETS, write_gguf
+
+        models += [
+            (write_gguf(tmp / f"{n}.gguf", FULL_SIZE_PRESETS[n], sparse=True), _full_settings)
+            for n in (a.full or FULL)
+        ]
+    for path, plan in models:
+        meta = meta_from_gguf(read_gguf_header(path), file_name=path.name)
+        for label, args, ls in plan(meta):
+            yield plan is _settings, Launch(path, meta, label, tuple(args), ls)
+
+
+def _run_all(a: argparse.Namespace, rig: Rig, t0: float, rows: list[dict[str, Any]]) -> None:
+    """Appends one row per launch to `rows` (kept by the caller if a launch raises)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for tiny, launch in _launches(a, Path(tmp)):
+            if time.monotonic() - t0 > (a.tiny_deadline if tiny else a.deadline):
+                print("deadline reached; stopping", flush=True)
+                break
+            row = one_launch(launch, rig)
+            rows.append(row)
+            print(
+                launch.model.stem, launch.label, row["loaded"], row["verdicts"],
+                "NVMLΔ", _mib(row["nvml_delta"]), "logged", _mib(row["logged_gpu_bytes"]),
+                flush=True,
+            )  # fmt: skip
+
+
+def _write_results(
+    out: Path, rows: list[dict[str, Any]], gpu: Gpu, header: dict[str, Any], logs: Path
+) -> None:
+    (out / "gpu_check.json").write_text(
+        json.dumps({"header": header, "gpu": gpu.__dict__, "rows": rows}, indent=1),
+        encoding="utf-8",
+    )
+    (out / "gpu_check.md").write_text(render(rows, gpu, header), encoding="utf-8")
+    with tarfile.open(out / "logs.tar.gz", "w:gz") as tf:
+        tf.add(logs, arcname="logs")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    a = _args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    card, driver = _record_nvml(a.out)
+    nvml, handle = _nvml_handle()
     if handle is not None:
         ctx = cuda_context_bytes(handle, nvml)
         (a.out / "context.json").write_text(json.dumps(ctx, indent=1), encoding="utf-8")
@@ -295,62 +382,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     if binary is None:
         print("no llama-server found", flush=True)
         return 2
-    version = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=60)
-    engine = (version.stdout + version.stderr).strip().splitlines()
-    devices = subprocess.run([binary, "--list-devices"], capture_output=True, text=True, timeout=60)
-    print(devices.stdout, devices.stderr[-2000:], flush=True)
-
+    engine = _engine_version(binary)
     if handle is not None:
         mem = nvml.nvmlDeviceGetMemoryInfo(handle)
         gpu = Gpu(a.device, int(mem.total), int(mem.free), backend=a.backend)
     else:
         gpu = Gpu(a.device, 80 << 30, backend=a.backend)
     sampler = Sampler(handle, nvml) if handle is not None else None
+    rig = Rig(binary, gpu, a.device, sampler, Path(tempfile.mkdtemp(prefix="gpu-logs-")))
     rows: list[dict[str, Any]] = []
-    logs = Path(tempfile.mkdtemp(prefix="gpu-logs-"))
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            models = [(p, _settings) for p in write_models(a.arch or ARCHS, Path(tmp)).values()]
-            if not a.no_full:
-                from tests.synth.factory import FULL_SIZE_PRESETS, write_gguf  # noqa: PLC0415
-
-                models += [
-                    (write_gguf(Path(tmp) / f"{n}.gguf", FULL_SIZE_PRESETS[n], sparse=True),
-                     _full_settings)
-                    for n in (a.full or FULL)
-                ]  # fmt: skip
-            for path, plan in models:
-                name = path.stem
-                meta = meta_from_gguf(read_gguf_header(path), file_name=path.name)
-                tiny = plan is _settings
-                for label, args, ls in plan(meta):
-                    limit = a.tiny_deadline if tiny else a.deadline
-                    if time.monotonic() - t0 > limit:
-                        print("deadline reached; stopping", flush=True)
-                        break
-                    row = one_launch(binary, path, meta, label, args, ls, gpu, a.device,
-                                     sampler, logs)  # fmt: skip
-                    rows.append(row)
-                    print(name, label, row["loaded"], row["verdicts"],
-                          "NVMLΔ", _mib(row["nvml_delta"]), "logged", _mib(row["logged_gpu_bytes"]),
-                          flush=True)  # fmt: skip
+        _run_all(a, rig, t0, rows)
     finally:
         if sampler is not None:
             sampler.close()
         header = {
             "card": card,
-            "driver": rec.get("driver_version"),
+            "driver": driver,
             "engine": " ".join(engine[-2:]),
             "device": a.device,
             "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         }
-        (a.out / "gpu_check.json").write_text(
-            json.dumps({"header": header, "gpu": gpu.__dict__, "rows": rows}, indent=1),
-            encoding="utf-8",
-        )
-        (a.out / "gpu_check.md").write_text(render(rows, gpu, header), encoding="utf-8")
-        with tarfile.open(a.out / "logs.tar.gz", "w:gz") as tf:
-            tf.add(logs, arcname="logs")
+        _write_results(a.out, rows, gpu, header, rig.logs)
     print(f"done in {time.monotonic() - t0:.1f} s, {len(rows)} launches", flush=True)
     return 0
 
