@@ -66,6 +66,32 @@ def test_read_gpus_keeps_its_shape_for_the_planner() -> None:
     assert isinstance(gpus, list)
 
 
+def test_recorded_h200() -> None:
+    """A reading recorded on a real H200 (driver 580, CUDA 13.0) by bench/gpu_check.py."""
+    fake = FakeNvml("h200-real.json")
+    r = read_nvml(fake)
+    assert r.status == STATUS_OK and r.ok and not r.broken
+    assert (r.driver_version, r.cuda_driver_version) == ("580.159.04", "13.0")
+    assert r.message == "NVIDIA driver 580.159.04, 1 GPU: NVIDIA H200"
+    (g,) = r.gpus
+    assert (g.index, g.name, g.uuid) == (
+        0,
+        "NVIDIA H200",
+        "GPU-94765b0c-3471-1a2e-b60b-33a94ca56fe5",
+    )
+    # 143771 MiB as nvidia-smi and llama-server's --list-devices report it; 615 MiB used by the
+    # driver with no process on the card
+    assert g.total_bytes == 150_754_820_096 == 143_771 * MIB
+    assert g.free_bytes == 150_109_880_320
+    assert g.used_bytes == 644_939_776 == g.total_bytes - g.free_bytes
+    assert g.processes == () and g.process_bytes == 0
+    assert r.problems == ()
+    assert fake.inits == 1 and fake.shutdowns == 1
+    assert [
+        (x.name, x.total_bytes, x.free_bytes) for x in read_gpus(FakeNvml("h200-real.json"))
+    ] == [("NVIDIA H200", 143_771 * MIB, 150_109_880_320)]
+
+
 def test_no_driver_is_a_state_not_an_error() -> None:
     fake = FakeNvml("no-driver.json")
     r = read_nvml(fake)
