@@ -2,7 +2,9 @@
 
 - `llama-swap`: a config.yaml serving every model on demand behind one endpoint;
 - `script`: a bash or PowerShell script that launches one model;
-- `models-ini`: a llama.cpp router preset (`llama-server --models-preset models.ini`).
+- `models-ini`: a llama.cpp router preset (`llama-server --models-preset models.ini`);
+- `vllm-cluster`: one model on several machines with vLLM and Ray (`--node ADDRESS=GPUS`, the
+  first node is the Ray head): a bash script with a role per node (head, worker, serve).
 
 Models come from the arguments, or from a scan of the configured roots and stores when none
 are given. Each model runs on the engine `qmgui preview` would pick, with the same settings;
@@ -38,17 +40,25 @@ from qmgui.cli.preview import (
 from qmgui.core.discovery import ModelEntry, entry_for_path, scan
 from qmgui.core.emit import PORT_MACRO, DevicePin, EmitError, skipped, split_each
 from qmgui.core.errors import SizingError
-from qmgui.core.export import Export, ExportError
+from qmgui.core.export import Export, ExportError, vllm_comment
 from qmgui.core.export.llama_swap import SwapModel, render_llama_swap
 from qmgui.core.export.models_ini import PresetModel, render_models_ini
-from qmgui.core.export.scripts import render_bash_script, render_powershell_script
+from qmgui.core.export.scripts import (
+    render_bash_script,
+    render_cluster_script,
+    render_powershell_script,
+)
 from qmgui.core.meta import ModelClass
+from qmgui.core.units import parse_size
+from qmgui.core.vllm import VllmPins
+from qmgui.core.vllm_cluster import Node, plan_cluster
+from qmgui.hw.profiles import lookup
 
 EXIT_OK = 0
 EXIT_NOTHING = 1
 EXIT_USAGE = 2
 SOURCE = "export"
-FORMATS = ("llama-swap", "script", "models-ini")
+FORMATS = ("llama-swap", "script", "models-ini", "vllm-cluster")
 SCRIPT_MODE = 0o755  # before the umask: the script is meant to be run
 
 
@@ -77,6 +87,15 @@ def register(sub: Any) -> None:
         "--windows",
         action="store_true",
         help="llama-swap: quote commands for llama-swap on Windows",
+    )
+    p.add_argument(
+        "--node",
+        action="append",
+        default=[],
+        metavar="ADDRESS=GPUS",
+        help="vllm-cluster: a machine and its GPUs (like --gpu: 2x4090, 4x24GiB), e.g. "
+        "--node 10.0.0.1=2x3090 --node 10.0.0.2=2x3090; the first is the Ray head. Tensor "
+        "parallel = GPUs per node, pipeline parallel = nodes",
     )
     p.set_defaults(func=cmd_export)
 
@@ -187,6 +206,42 @@ def _models_ini(entries: Sequence[ModelEntry], resolver: Resolver, req: Request)
     return Export(result.text, (*left_out, *result.warnings))
 
 
+def parse_nodes(texts: Sequence[str]) -> tuple[Node, ...]:
+    """`--node ADDRESS=GPUS` values (ValueError with a sentence when unreadable)."""
+    nodes = []
+    for text in texts:
+        address, sep, what = text.strip().partition("=")
+        if not sep or not address or not what:
+            raise ValueError(f"--node {text}: give ADDRESS=GPUS, e.g. 10.0.0.1=2x4090")
+        nodes.append(Node(address, lookup(what)))
+    return tuple(nodes)
+
+
+def _vllm_cluster(entries: Sequence[ModelEntry], args: argparse.Namespace) -> Export:
+    entry = entries[0]
+    nodes = parse_nodes(args.node)
+    if not nodes:
+        raise UsageError("vllm-cluster needs the machines: --node ADDRESS=GPUS, the head first")
+    extra = split_each(args.extra)
+    cluster = plan_cluster(
+        entry,
+        nodes,
+        reserve=parse_size(args.reserve, allow_zero=True),
+        pins=VllmPins(max_model_len=args.ctx, extra_args=extra),
+        executable=args.backend or "vllm",
+        port=PORT_MACRO,
+    )
+    name = os.path.basename(args.out) if args.out else "cluster.sh"
+    return render_cluster_script(
+        cluster,
+        title=f"Serve {entry.name} with vLLM on {cluster.nodes} node(s) through Ray: tensor "
+        f"parallel {cluster.tensor_parallel} per node, pipeline parallel {cluster.nodes}",
+        comments=(vllm_comment(cluster.plan), *cluster.notes),
+        default_port=args.port,
+        script_name=name,
+    )
+
+
 def write_atomic(path: str, text: str, *, mode: int | None = None) -> None:
     """Write `text` to `path` through a temp file beside it, fsync and rename. `mode` (before
     the umask) for a new file; an existing file keeps its own."""
@@ -222,21 +277,23 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
     if not entries:
         notify.error("no models to export: name them, or add a model folder", source=SOURCE)
         return EXIT_NOTHING
-    if args.format == "script" and len(entries) != 1:
+    if args.format in ("script", "vllm-cluster") and len(entries) != 1:
         notify.error("a script launches one model: name exactly one MODEL", source=SOURCE)
         return EXIT_USAGE
     resolver = Resolver(
         load_quietly(), backend_arg=args.backend, engine=args.engine, probe=not args.no_probe
     )
     try:
-        if args.format == "models-ini":
+        if args.format == "vllm-cluster":
+            result = _vllm_cluster(entries, args)
+        elif args.format == "models-ini":
             result = _models_ini(entries, resolver, req)
         else:
             items = _emit_all(entries, resolver, req)
             result = (
                 _llama_swap(items, args) if args.format == "llama-swap" else _script(items, args)
             )
-    except (UsageError, EmitError, SizingError, ExportError) as e:
+    except (UsageError, EmitError, SizingError, ExportError, ValueError) as e:
         notify.error(str(e), source=SOURCE)
         return EXIT_USAGE
     for warning in result.warnings:
@@ -244,7 +301,9 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
     if not result.text:
         return EXIT_NOTHING
     if args.out:
-        executable = args.format == "script" and args.shell == "bash"
+        executable = args.format == "vllm-cluster" or (
+            args.format == "script" and args.shell == "bash"
+        )
         try:
             write_atomic(args.out, result.text, mode=SCRIPT_MODE if executable else None)
         except OSError as e:

@@ -30,6 +30,7 @@ FLAG_MAX_MODEL_LEN = "--max-model-len"
 FLAG_GPU_UTIL = "--gpu-memory-utilization"
 FLAG_KV_CACHE_BYTES = "--kv-cache-memory-bytes"
 FLAG_TENSOR_PARALLEL = "--tensor-parallel-size"
+FLAG_PIPELINE_PARALLEL = "--pipeline-parallel-size"
 FLAG_QUANTIZATION = "--quantization"
 FLAG_DTYPE = "--dtype"
 FLAG_KV_CACHE_DTYPE = "--kv-cache-dtype"
@@ -192,7 +193,7 @@ class VllmPlan:
     max_model_len: int
     gpu_memory_utilization: float
     kv_cache_memory_bytes: int | None
-    charge_bytes: int  # what a router should charge on each of the `tensor_parallel` GPUs
+    charge_bytes: int  # what a router should charge on each of the GPUs the launch uses
     tensor_parallel: int
     args: tuple[str, ...]
     fits: bool
@@ -202,11 +203,12 @@ class VllmPlan:
     tool_calling: bool = False  # a parser is set (ours or one in the extra arguments)
     skipped: bool = False
     notes: tuple[str, ...] = ()
+    pipeline_parallel: int = 1  # pipeline stages (one per node in a multi-node launch)
 
     @property
     def charge_total_bytes(self) -> int:
         """The charge over every GPU the launch occupies."""
-        return self.charge_bytes * self.tensor_parallel
+        return self.charge_bytes * self.tensor_parallel * self.pipeline_parallel
 
 
 # --- KV cost -------------------------------------------------------------------------------------
@@ -280,7 +282,28 @@ def _attention_token_bytes(
     return per_rank * (meta.head_dim_k + meta.head_dim_v) * elem_bytes
 
 
-def _kv_model(meta: ModelMeta, *, tp: int, elem_bytes: int, kv_cache_dtype: str) -> _KvModel:
+def pp_stages(n_layer: int, pp: int) -> tuple[range, ...]:
+    """The layers of each pipeline stage as vLLM splits them (`get_pp_indices`): equal parts,
+    the remainder one each to the stages before the last (the last also holds the LM head)."""
+    parts = [n_layer // pp] * pp
+    for i in range(2, n_layer % pp + 2):
+        parts[-i] += 1
+    out, start = [], 0
+    for n in parts:
+        out.append(range(start, start + n))
+        start += n
+    return tuple(out)
+
+
+def _kv_model(
+    meta: ModelMeta,
+    *,
+    tp: int,
+    elem_bytes: int,
+    kv_cache_dtype: str,
+    layers: range | None = None,
+) -> _KvModel:
+    """KV of the layers one GPU holds: all of them, or one pipeline stage's (`layers`)."""
     notes: list[str] = []
     # Reference 001 (Hugging Face metadata): config.json does not say reliably which layers
     # slide or how vLLM pages them, so sliding-window layers of an HF folder are charged as
@@ -293,7 +316,7 @@ def _kv_model(meta: ModelMeta, *, tp: int, elem_bytes: int, kv_cache_dtype: str)
     state_elems = _recurrent_state_elems(meta)
     full = swa = state = attn = sliding = recurrent = 0
     known = True
-    for il in range(meta.n_layer):
+    for il in layers if layers is not None else range(meta.n_layer):
         if il < len(meta.recurrent_layers) and meta.recurrent_layers[il]:
             # a recurrent layer keeps a fixed state per sequence, whatever the context
             recurrent += 1
@@ -389,7 +412,11 @@ def vllm_preferred(meta: ModelMeta) -> bool:
 
 
 def _check_inputs(
-    gpu_total_bytes: int | None, budget_bytes: int | None, tensor_parallel: int, pins: VllmPins
+    gpu_total_bytes: int | None,
+    budget_bytes: int | None,
+    tensor_parallel: int,
+    pins: VllmPins,
+    pipeline_parallel: int = 1,
 ) -> None:
     """Inconsistent inputs are errors (SizingError); "does not fit" is a result, not one."""
     if gpu_total_bytes is not None and gpu_total_bytes <= 0:
@@ -399,6 +426,8 @@ def _check_inputs(
     pinned_tp = pins.tensor_parallel_size
     if tensor_parallel < 1 or (pinned_tp is not None and pinned_tp < 1):
         raise SizingError("tensor-parallel size must be at least 1")
+    if pipeline_parallel < 1:
+        raise SizingError("pipeline-parallel size must be at least 1")
     util = pins.gpu_memory_utilization
     if util is not None and not 0 < util <= 1:
         raise SizingError(f"--gpu-memory-utilization must be in (0, 1], got {util}")
@@ -608,6 +637,7 @@ def _args(
     tp: int,
     pins: VllmPins,
     parser: str | None,
+    pp: int = 1,
 ) -> tuple[str, ...]:
     args: list[str] = []
     if meta.format == "gguf":
@@ -623,6 +653,8 @@ def _args(
             args += [FLAG_KV_CACHE_BYTES, str(pool)]
     if tp > 1:
         args += [FLAG_TENSOR_PARALLEL, str(tp)]
+    if pp > 1:
+        args += [FLAG_PIPELINE_PARALLEL, str(pp)]
     if pins.dtype and pins.dtype != "auto":
         args += [FLAG_DTYPE, pins.dtype]
     if pins.kv_cache_dtype and pins.kv_cache_dtype != "auto":
@@ -652,6 +684,7 @@ def _breakdown(
     kv: _KvModel,
     *,
     tp: int,
+    pp: int,
     weights: int,
     ctx: int,
     kv_bytes: int,
@@ -669,7 +702,9 @@ def _breakdown(
     else:
         pool_source = "not pinned: vLLM fills its share with KV blocks"
     return VllmBreakdown(
-        weights=SizeTerm(weights, f"model tensors (ModelMeta.weight_bytes) split over {tp} GPU(s)"),
+        weights=SizeTerm(
+            weights, f"model tensors (ModelMeta.weight_bytes) split over {tp * pp} GPU(s)"
+        ),
         kv_per_token=SizeTerm(kv.full_per_token, kv.full_source),
         swa_per_token=SizeTerm(
             kv.swa_per_token, f"{kv.sliding_layers} sliding-window layers, up to the window"
@@ -700,11 +735,16 @@ def plan_vllm(
     tensor_parallel: int = 1,
     pins: VllmPins = VllmPins(),  # frozen, so one shared default is safe
     is_split_gguf: bool = False,
+    pipeline_parallel: int = 1,
 ) -> VllmPlan:
     """Plan a vLLM launch of `meta` on GPUs of `gpu_total_bytes` each (None: no reading) with
     `budget_bytes` per GPU (None: the card's 0.95 ceiling). Raises SizingError only for
-    inconsistent inputs; a launch that does not fit is a plan with `fits=False` and a reason."""
-    _check_inputs(gpu_total_bytes, budget_bytes, tensor_parallel, pins)
+    inconsistent inputs; a launch that does not fit is a plan with `fits=False` and a reason.
+
+    `pipeline_parallel` stages (one per node, each with `tensor_parallel` GPUs): every GPU
+    holds weights / (TP × PP) and the KV of its stage's layers, sized for the stage with the
+    most KV (vLLM gives the remainder layers to the stages before the last)."""
+    _check_inputs(gpu_total_bytes, budget_bytes, tensor_parallel, pins, pipeline_parallel)
     skip = _skip_reason(meta, is_split_gguf)
     if skip is not None:
         return VllmPlan(
@@ -713,6 +753,7 @@ def plan_vllm(
             kv_cache_memory_bytes=None,
             charge_bytes=0,
             tensor_parallel=tensor_parallel,
+            pipeline_parallel=pipeline_parallel,
             args=(),
             fits=False,
             reason=skip,
@@ -722,8 +763,20 @@ def plan_vllm(
     tp = pins.tensor_parallel_size if pins.tensor_parallel_size is not None else tensor_parallel
     kv_dtype = pins.kv_cache_dtype or "auto"
     elem = kv_elem_bytes(pins)
-    kv = _kv_model(meta, tp=tp, elem_bytes=elem, kv_cache_dtype=kv_dtype)
-    weights = -(-meta.weight_bytes // tp)  # weights are split evenly over the ranks
+    pp = pipeline_parallel
+    if pp > max(meta.n_layer, 1):
+        raise SizingError(
+            f"{pp} pipeline stages for {meta.n_layer} layers: each stage needs a layer"
+        )
+    kv = max(
+        (
+            _kv_model(meta, tp=tp, elem_bytes=elem, kv_cache_dtype=kv_dtype, layers=stage)
+            for stage in (pp_stages(meta.n_layer, pp) if pp > 1 else (None,))
+        ),
+        key=lambda k: (k.bytes_for(meta.context_length or FALLBACK_MAX_MODEL_LEN), k.state),
+    )
+    # weights are split evenly over the ranks (each stage's embedding or LM head aside)
+    weights = -(-meta.weight_bytes // (tp * pp))
     share = _share(gpu_total_bytes, budget_bytes, pins)
     memory_in_extra = _sets_memory(pins.extra_args)
     # Reference 001: the pool is pinned unless the user pinned a utilization (fill-the-share,
@@ -777,6 +830,7 @@ def plan_vllm(
     breakdown = _breakdown(
         kv,
         tp=tp,
+        pp=pp,
         weights=weights,
         ctx=ctx.value,
         kv_bytes=kv_bytes,
@@ -793,7 +847,10 @@ def plan_vllm(
         kv_cache_memory_bytes=pool,
         charge_bytes=charge,
         tensor_parallel=tp,
-        args=_args(meta, ctx=ctx.value, util=util, pool=pool, tp=tp, pins=pins, parser=parser),
+        args=_args(
+            meta, ctx=ctx.value, util=util, pool=pool, tp=tp, pins=pins, parser=parser, pp=pp
+        ),
+        pipeline_parallel=pp,
         fits=problem is None,
         reason=problem,
         breakdown=breakdown,

@@ -49,7 +49,8 @@ def footprint_comment(fp: Footprint) -> str:
 
 def vllm_comment(plan: VllmPlan) -> str:
     """One line for a config comment: what vLLM takes on each GPU (its share, up front)."""
-    gpus = f" on each of {plan.tensor_parallel} GPUs" if plan.tensor_parallel > 1 else ""
+    n = plan.tensor_parallel * plan.pipeline_parallel
+    gpus = f" on each of {n} GPUs" if n > 1 else ""
     return (
         f"estimated VRAM: {format_bytes(plan.charge_bytes)}{gpus} (vLLM, max-model-len "
         f"{plan.max_model_len}, gpu-memory-utilization {plan.gpu_memory_utilization:g})"

@@ -13,11 +13,13 @@ gets the script's port variable in its place.
   a script without a byte-order mark in the ANSI code page, so a script with non-ASCII text
   (a path like C:\\Users\\Jürgen) starts with a UTF-8 BOM and has no `#!` line (a BOM before
   `#!` stops the kernel from reading it); an ASCII script starts with `#!/usr/bin/env pwsh`.
+- a vLLM cluster (`render_cluster_script`): one bash script with a role per node (`head`,
+  `worker ADDRESS`, `serve`), for `core.vllm_cluster`'s Ray head, workers and `vllm serve`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from qmgui.core.emit import PORT_MACRO, Command, flag_head
 from qmgui.core.export import Export
@@ -27,6 +29,7 @@ from qmgui.core.shell import (
     quote_bash_word,
     quote_powershell_word,
 )
+from qmgui.core.vllm_cluster import ClusterPlan
 
 DEFAULT_PORT = 8080
 BOM = "\ufeff"
@@ -117,3 +120,56 @@ def render_powershell_script(
     body += "exit $LASTEXITCODE\n"
     text = "#!/usr/bin/env pwsh\n" + body if body.isascii() else BOM + body
     return Export(text=text, warnings=(*command.warnings, *caveats))
+
+
+def render_cluster_script(
+    cluster: ClusterPlan,
+    *,
+    title: str,
+    comments: Sequence[str] = (),
+    default_port: int = 8000,
+    script_name: str = "cluster.sh",
+) -> Export:
+    """One bash script for every node of a multi-node vLLM launch (`core.vllm_cluster`):
+    `./cluster.sh head` on the head node, `./cluster.sh worker ADDRESS` on each worker, then
+    `./cluster.sh serve` on the head once `ray status` shows every node. Each role `exec`s its
+    command, so it runs in the foreground (Ray with `--block`) and receives the signals."""
+    serve = cluster.serve
+    if not serve.runnable:
+        return Export(text="", warnings=serve.warnings)
+    warnings = (*serve.warnings, *(() if cluster.fits else (f"does not fit: {cluster.reason}",)))
+    head = cluster.head.node
+    usage = [
+        f"Usage: ./{script_name} head  (on {head}, first)",
+        *(f"       ./{script_name} worker {w.node}  (on {w.node})" for w in cluster.workers),
+        f"       PORT={default_port} ./{script_name} serve  (on {head}, once `ray status` "
+        f"shows {cluster.nodes} node(s))",
+    ]
+    text = "#!/usr/bin/env bash\n"
+    text += _comments("#", title, [*comments, *usage], warnings)
+    text += "set -eo pipefail\n\n"
+    text += f'PORT="${{PORT:-{default_port}}}"\n'
+    text += 'case "${1:-}" in\n'
+    text += "  head)\n" + _role(cluster.head.env, cluster.head.argv, "    ")
+    if cluster.workers:
+        text += '  worker)\n    case "${2:-}" in\n'
+        for w in cluster.workers:
+            text += f"      {quote_bash_word(w.node)})\n" + _role(w.env, w.argv, "        ")
+        nodes = " | ".join(w.node for w in cluster.workers)
+        text += f'      *) echo "usage: $0 worker {nodes}" >&2; exit 2 ;;\n    esac\n    ;;\n'
+    text += "  serve)\n" + _role(serve.env, (*serve.argv, '"$@"'), "    ", shift=True)
+    roles = "head|worker ADDRESS|serve" if cluster.workers else "head|serve"
+    text += f'  *) echo "usage: $0 {roles}" >&2; exit 2 ;;\nesac\n'
+    return Export(text=text, warnings=warnings)
+
+
+def _role(env: Mapping[str, str], argv: Sequence[str], indent: str, *, shift: bool = False) -> str:
+    lines = [f"{indent}export {k}={quote_bash_word(v)}\n" for k, v in env.items()]
+    if shift:
+        lines.append(f"{indent}shift\n")
+    words = [*_lines(argv[:-1], _bash_word), argv[-1]] if shift else _lines(argv, _bash_word)
+    if len(words) > 1 and not words[1].startswith("-"):  # `ray start`, `vllm serve PATH`
+        words[:2] = [f"{words[0]} {words[1]}"]
+    lines.append(f"{indent}exec " + f" \\\n{indent}  ".join(words) + "\n")
+    lines.append(f"{indent};;\n")
+    return "".join(lines)
