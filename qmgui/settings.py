@@ -197,6 +197,14 @@ class UiState(_Stored):
     gpu_reserve_mib: int = Field(default=512, ge=0)
 
 
+class RunSet(_Stored):
+    """A named group of models started and stopped together (each with its own settings,
+    `model_overrides`)."""
+
+    name: str = Field(min_length=1)
+    model_ids: list[str] = Field(default_factory=list)
+
+
 class Settings(_Stored):
     """The root of settings.json."""
 
@@ -205,6 +213,18 @@ class Settings(_Stored):
     model_overrides: dict[str, ModelOverride] = Field(default_factory=dict)
     backends: list[BackendEntry] = Field(default_factory=list)
     ui: UiState = Field(default_factory=UiState)
+    favourites: list[str] = Field(default_factory=list)  # model ids offered in the tray
+    pinned: list[str] = Field(default_factory=list)  # model ids never stopped to make room
+    run_sets: list[RunSet] = Field(default_factory=list)
+
+    @field_validator("run_sets")
+    @classmethod
+    def _unique_run_sets(cls, sets: list[RunSet]) -> list[RunSet]:
+        names = [r.name.casefold() for r in sets]
+        dup = next((n for n in names if names.count(n) > 1), None)
+        if dup is not None:
+            raise ValueError(f"two run sets are called {dup!r}")
+        return sets
 
     @field_validator("schema_version")
     @classmethod

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import deque
 from pathlib import Path
 
@@ -42,6 +43,7 @@ class LogSink:
         self._backups = backups
         self._size = 0
         self._file = None
+        self.last_line_at: float | None = None  # time.monotonic() of the latest line
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
@@ -51,6 +53,7 @@ class LogSink:
         line = line.rstrip("\r\n")
         with self._lock:
             self._ring.append(line)
+            self.last_line_at = time.monotonic()
             if self._file is None:
                 return
             self._file.write(line + "\n")

@@ -15,7 +15,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from PySide6.QtCore import QObject, Qt, Signal
 
@@ -48,21 +49,25 @@ def spec_for(outcome: PlanOutcome, resolver: Resolver) -> EngineSpec:
 
 @dataclass(frozen=True)
 class Memory:
-    """Planned and actual total bytes once the engine is ready (None: unknown)."""
+    """Planned and actual total bytes once the engine is ready (None: unknown), and the
+    actual bytes per planned device name (a GPU of the plan, or CPU for host memory)."""
 
     planned: int | None
     actual: int | None
+    actual_by_device: Mapping[str, int] = field(default_factory=dict)
 
 
 def memory_of(log_text: str, footprint: Footprint | None) -> Memory:
     """Planned and actual totals, compared kind by kind as `qmgui serve` does."""
     if footprint is None:
         report = parse_llama_log(log_text)
-        return Memory(None, sum(d.total.bytes for d in report.devices) or None)
+        by_dev = {d.device: d.total.bytes for d in report.devices}
+        return Memory(None, sum(by_dev.values()) or None, by_dev)
     rb = readback(log_text, footprint)
     planned = [sum(r.planned.values()) for r in rb.rows if r.planned is not None]
     actual = [sum(r.actual.values()) for r in rb.rows if r.actual is not None]
-    return Memory(sum(planned) if planned else None, sum(actual) if actual else None)
+    by_device = {r.name: sum(r.actual.values()) for r in rb.rows if r.actual is not None}
+    return Memory(sum(planned) if planned else None, sum(actual) if actual else None, by_device)
 
 
 @dataclass
@@ -78,6 +83,8 @@ class Engine:
     memory: Memory | None = None
     error: str = ""  # why it could not be started
     busy: bool = False  # a start, stop or restart is on its way
+    model_id: str = ""
+    started_at: float = field(default_factory=time.monotonic)
 
     @property
     def state(self) -> State:
@@ -93,6 +100,16 @@ class Engine:
         if self.ready_at is None or self.state != State.READY:
             return None
         return time.monotonic() - self.ready_at
+
+    @property
+    def last_used(self) -> float:
+        """When it last did something (monotonic): the latest line it logged (llama-server
+        logs every request), else when it became ready or was started."""
+        latest = self.ready_at or self.started_at
+        sup = self.supervisor
+        if sup is not None and sup.log.last_line_at is not None:
+            latest = max(latest, sup.log.last_line_at)
+        return latest
 
 
 class EngineRunner(QObject):
@@ -112,15 +129,32 @@ class EngineRunner(QObject):
         self._state.connect(self._on_state, Qt.ConnectionType.QueuedConnection)
 
     # --- commands (GUI thread) ----------------------------------------------------------------
-    def start(self, outcome: PlanOutcome, resolver: Resolver) -> int:
-        """Start the command of `outcome` on a worker thread; returns the engine's id."""
+    def start(
+        self, outcome: PlanOutcome, resolver: Resolver, *, stop_first: Sequence[int] = ()
+    ) -> int:
+        """Start the command of `outcome` on a worker thread; returns the engine's id.
+
+        `stop_first`: engines to stop (and wait for) before it starts, to make room."""
         eid = self._next
         self._next += 1
         fp = outcome.fit.footprint if outcome.fit is not None else None
-        engine = Engine(eid, outcome.entry.name, None, fp, busy=True)
+        engine = Engine(eid, outcome.entry.name, None, fp, busy=True, model_id=outcome.entry.id)
         self.engines[eid] = engine
         self.added.emit(eid)
-        self._spawn(f"start-{eid}", lambda: self._start(engine, outcome, resolver))
+        victims = []
+        for vid in stop_first:
+            victim = self.engines.get(vid)
+            if victim is not None and victim.supervisor is not None and not victim.busy:
+                victim.busy = True
+                self.changed.emit(vid)
+                victims.append((victim, victim.supervisor))
+
+        def run() -> None:
+            for victim, sup in victims:
+                self._stop(victim, sup)
+            self._start(engine, outcome, resolver)
+
+        self._spawn(f"start-{eid}", run)
         return eid
 
     def stop(self, eid: int) -> None:

@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
     QSplitter,
     QStackedWidget,
     QToolBar,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -46,6 +47,7 @@ from qmgui.ui.drop import DropFilter
 from qmgui.ui.empty_state import EmptyState
 from qmgui.ui.engine_runner import EngineRunner
 from qmgui.ui.engines_panel import EnginesPanel
+from qmgui.ui.fleet import Fleet
 from qmgui.ui.model_table import ModelTable
 from qmgui.ui.plan_panel import DEFAULT_CONTEXT, PlanPanel
 from qmgui.ui.planning import (
@@ -56,6 +58,7 @@ from qmgui.ui.planning import (
     plan_model,
 )
 from qmgui.ui.preview_pane import PreviewPane
+from qmgui.ui.run_sets_menu import ModelActions, RunSetsMenu
 from qmgui.ui.tray import CloseDecision, QuitChoice, RunnerEngines, Tray, app_icon
 from qmgui.ui.vram_bar import MemoryPanel, bars_for
 from qmgui.ui.workers import Breather, LatestWins, ScanRunner
@@ -63,6 +66,7 @@ from qmgui.ui.workers import Breather, LatestWins, ScanRunner
 SOURCE = "window"
 REPLAN_THROTTLE_MS = 100  # slider drags re-plan at most this often (qutebrowser's throttle)
 MESSAGE_MS = 10_000
+REPLAN_FREE_DELTA = 64 * 1024 * 1024  # a card's free memory moved this much: plan again
 PAGE_EMPTY, PAGE_MODELS = 0, 1
 
 
@@ -106,8 +110,10 @@ class MainWindow(QMainWindow):
         probe: bool = True,
         hardware_choice: str | None = None,
         tray: bool = True,
+        live: bool = True,
     ) -> None:
         super().__init__()
+        self._live_readings = live  # NVML and RAM readings every few seconds for the bars
         self.setWindowTitle("qmgui")
         self._loaded = loaded or load_settings()
         self._roots_override = list(roots) if roots is not None else None
@@ -118,6 +124,7 @@ class MainWindow(QMainWindow):
         self._outcome: PlanOutcome | None = None
         self._scanned = False
         self._pending_select: str | None = None
+        self._last_free: tuple[int, ...] | None = None
 
         self._build_widgets()
         self.setWindowIcon(app_icon())
@@ -200,6 +207,18 @@ class MainWindow(QMainWindow):
         self.drops = DropFilter(self)
         for w in (self, self.table.view.viewport(), self.empty):
             self.drops.watch(w)
+        self.fleet = Fleet(
+            self.engine_runner,
+            resolver=lambda: self._resolver,
+            load=lambda: self.settings,
+            save=self._store,
+            entries=lambda: self.table.model.entries,
+            hardware=lambda: self._hardware,
+            reserve_mib=lambda: self.reserve_mib,
+            initial_settings=initial_settings,
+            parent=self,
+            live=self._live_readings,
+        )
 
     def _command_box(self) -> QWidget:
         """The launch command with its Start button; the Engines dock (bottom) beside them."""
@@ -247,6 +266,7 @@ class MainWindow(QMainWindow):
         bar.addAction(self.add_action)
         bar.addAction(self.rescan_action)
         bar.addAction(self.backends_action)
+        self._build_fleet_actions(bar)
         spacer = QWidget(bar)
         spacer.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
         bar.addWidget(spacer)
@@ -265,6 +285,28 @@ class MainWindow(QMainWindow):
         bar.addWidget(self.hardware_label)
         self.addToolBar(bar)
         self.filter_shortcut = QShortcut(QKeySequence.StandardKey.Find, self)
+
+    def _build_fleet_actions(self, bar: QToolBar) -> None:
+        """Run sets (toolbar menu), and Start / favourite / pin for the selected model (table
+        context menu and shortcuts)."""
+        self.run_sets_menu = RunSetsMenu(self.fleet, self)
+        self.addAction(self.run_sets_menu.save_action)
+        run_sets = QToolButton(bar)
+        run_sets.setText("Run sets")
+        run_sets.setObjectName("run-sets-button")
+        run_sets.setToolTip("Start, stop and save groups of models that run together")
+        run_sets.setMenu(self.run_sets_menu)
+        run_sets.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        bar.addWidget(run_sets)
+        self.model_actions = ModelActions(self.fleet, self.table.current_entry, self)
+        self.start_action = QAction("Start", self)
+        self.start_action.setShortcut(QKeySequence("Ctrl+Return"))
+        self.start_action.setToolTip("Start the selected model with the plan shown (Ctrl+Enter)")
+        view = self.table.view
+        view.setContextMenuPolicy(Qt.ContextMenuPolicy.ActionsContextMenu)
+        for action in (self.start_action, self.model_actions.favourite, self.model_actions.pin):
+            view.addAction(action)
+            self.addAction(action)
 
     def _build_status_bar(self) -> None:
         status = self.statusBar()
@@ -318,7 +360,17 @@ class MainWindow(QMainWindow):
         for worker in (self.scanner, self.planner, self.badger, self.fitter, self.offerer):
             worker.busyChanged.connect(self._check_settled)
         self.start_button.clicked.connect(self.start_engine)
+        self.start_action.triggered.connect(self.start_engine)
         self.engine_runner.added.connect(lambda _id: self.engines_dock.show())
+        self.engine_runner.changed.connect(self._on_engines_changed)
+        self.fleet.liveChanged.connect(self._on_live)
+        self.fleet.changed.connect(self._update_tray_lists)
+        if self.tray is not None:
+            self.tray.favouriteRequested.connect(
+                lambda mid: self.fleet.start_models([mid], why="favourite")
+            )
+            self.tray.runSetRequested.connect(self._on_tray_run_set)
+            self._update_tray_lists()
         self.engines_panel.copied.connect(
             lambda url: self.statusBar().showMessage(f"Copied {url}", 4000)
         )
@@ -570,6 +622,7 @@ class MainWindow(QMainWindow):
 
     # --- planning ---------------------------------------------------------------------------
     def _on_selected(self, entry: object) -> None:
+        self.model_actions.sync()
         if entry is None:
             self.plan_panel.set_entry(None)
             self._outcome = None
@@ -597,7 +650,11 @@ class MainWindow(QMainWindow):
             self._check_settled()
             return
         settings = self.plan_panel.full_settings()
-        hw, reserve, resolver = self._hardware, self.reserve_mib, self._resolver
+        hw, reserve, resolver = (
+            self.fleet.plan_hardware(self._hardware),
+            self.reserve_mib,
+            self._resolver,
+        )
         extra = self.plan_panel.extra_args()  # read on the GUI thread, like the settings
         self.planner.submit(
             lambda: plan_model(entry, settings, hw, reserve, resolver, extra_args=extra)
@@ -609,7 +666,7 @@ class MainWindow(QMainWindow):
         if current is None or current.id != outcome.entry.id:
             return  # the selection moved on; its own plan is on the way
         self._outcome = outcome
-        self.memory.set_bars(bars_for(outcome, self.reserve_mib * MIB))
+        self._refresh_bars()
         fit = outcome.fit
         if fit is None:
             self.memory.set_verdict(outcome.error or "", ok=False, nearest=False)
@@ -631,6 +688,50 @@ class MainWindow(QMainWindow):
             outcome.bash, outcome.powershell, outcome.command.warnings, outcome.engine
         )
         self.start_button.setEnabled(outcome.command.runnable)
+
+    def _refresh_bars(self) -> None:
+        o = self._outcome
+        if o is None:
+            return
+        self.memory.set_bars(
+            bars_for(o, self.reserve_mib * MIB, self.fleet.loads(), self.fleet.live)
+        )
+
+    def _on_engines_changed(self) -> None:
+        self._refresh_bars()
+        self._update_tray_lists()
+        if not self._hardware.what_if and self._hardware.gpus:
+            self.fleet.read_now()  # the cards' free memory moved: read it, then re-plan
+
+    def _on_live(self) -> None:
+        """New NVML/RAM readings: redraw the bars; re-plan when a card's free memory moved
+        (an engine loaded or stopped, another program took memory)."""
+        self._refresh_bars()
+        hw = self._hardware
+        if hw.what_if or not hw.gpus:
+            return
+        free = tuple(g.available for g in self.fleet.plan_hardware(hw).gpus)
+        last = self._last_free
+        self._last_free = free
+        if last is None or len(last) != len(free):
+            return
+        if any(abs(a - b) > REPLAN_FREE_DELTA for a, b in zip(free, last, strict=True)):
+            self._schedule_plan()
+
+    def _on_tray_run_set(self, name: str, start: bool) -> None:
+        if start:
+            self.fleet.start_run_set(name)
+        else:
+            self.fleet.stop_run_set(name)
+
+    def _update_tray_lists(self) -> None:
+        if self.tray is None:
+            return
+        running = set(self.fleet.running_model_ids())
+        self.tray.set_favourites(self.fleet.favourites())
+        self.tray.set_run_sets(
+            [(r.name, any(m in running for m in r.model_ids)) for r in self.fleet.run_sets()]
+        )
 
     def _hw_words(self) -> str:
         hw = self._hardware
@@ -681,7 +782,7 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage("The command is being updated; press Start again", 4000)
             return None
         self.statusBar().showMessage(f"Starting {o.entry.name}…", 4000)
-        return self.engine_runner.start(o, self._resolver)
+        return self.fleet.start(o)
 
     def _on_failed(self, what: str, error: str) -> None:
         notify.error(f"{what} failed: {error}", source=SOURCE)
@@ -726,6 +827,7 @@ class MainWindow(QMainWindow):
             worker.cancel()
             worker.wait()
         self.engines_panel.timer.stop()
+        self.fleet.wait()
         if self.tray is None or self.tray.quit_choice is not QuitChoice.LEAVE:
             self.engine_runner.stop_all()  # the quit path: every engine this window started
 

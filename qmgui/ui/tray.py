@@ -284,6 +284,7 @@ class Tray(QObject):
     `tray_available` overrides `QSystemTrayIcon.isSystemTrayAvailable()` (tests)."""
 
     favouriteRequested = Signal(str)  # model id
+    runSetRequested = Signal(str, bool)  # run set name, True: start / False: stop
     runningChanged = Signal(bool)  # any engine running
 
     def __init__(
@@ -304,6 +305,7 @@ class Tray(QObject):
         self.prompts: Prompts = prompts or MessageBoxPrompts(window)
         self._available = tray_available
         self._favourites: list[Favourite] = []
+        self._run_sets: list[tuple[str, bool]] = []  # (name, any of its models running)
         self._running = False
         self._quitting = False
         # how the last quit ended: LEAVE means the window's shutdown must not stop engines
@@ -346,6 +348,11 @@ class Tray(QObject):
         self._favourites = list(favourites)
         self.refresh()
 
+    def set_run_sets(self, run_sets: Sequence[tuple[str, bool]]) -> None:
+        """The run sets to offer: (name, whether any of its models runs now)."""
+        self._run_sets = list(run_sets)
+        self.refresh()
+
     # --- menu ---------------------------------------------------------------------------------
     def refresh(self) -> None:
         """Rebuild the menu and the icon from the source's engines (connected to its signal)."""
@@ -380,6 +387,21 @@ class Tray(QObject):
                 act.triggered.connect(
                     lambda _=False, m=fav.model_id: self.favouriteRequested.emit(m)
                 )
+            menu.addSeparator()
+        if self._run_sets:
+            sets = QMenu("Run sets", menu)
+            sets.setObjectName("run-sets")
+            for name, running in self._run_sets:
+                start = sets.addAction(f"Start {name}")
+                start.setObjectName(f"run-set-start:{name}")
+                start.triggered.connect(lambda _=False, n=name: self.runSetRequested.emit(n, True))
+                if running:
+                    stop = sets.addAction(f"Stop {name}")
+                    stop.setObjectName(f"run-set-stop:{name}")
+                    stop.triggered.connect(
+                        lambda _=False, n=name: self.runSetRequested.emit(n, False)
+                    )
+            menu.addMenu(sets)
             menu.addSeparator()
         show = menu.addAction("Show window")
         show.setObjectName("show")

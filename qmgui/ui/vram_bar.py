@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from PySide6.QtCore import QRectF, QSize, Qt, Signal
@@ -21,17 +22,22 @@ from PySide6.QtWidgets import (
 
 from qmgui.core.footprint import CPU, DeviceFootprint
 from qmgui.core.units import GIB, format_bytes
+from qmgui.ui.occupancy import EngineLoad, EngineShare, LiveReading, others_on, shares_on
 from qmgui.ui.planning import PlanOutcome
 
 # segment key -> (legend label, colour); colours chosen to stay apart for the colour-blind
 # (blue / orange / purple / grey) and readable on light and dark palettes
 SEGMENTS: dict[str, tuple[str, QColor]] = {
+    "engines": ("Running engines", QColor(38, 166, 154)),
+    "others": ("Other processes", QColor(96, 96, 110)),
     "weights": ("Weights", QColor(66, 133, 244)),
     "kv": ("KV cache", QColor(245, 150, 40)),
     "compute": ("Compute", QColor(156, 95, 200)),
     "other": ("Output, state, other", QColor(120, 144, 156)),
     "reserve": ("Reserve", QColor(190, 190, 190)),
 }
+# a second shade so that neighbouring engines stay apart
+ENGINE_ALT_COLOUR = QColor(0, 121, 107)
 OVER_COLOUR = QColor(215, 58, 73)
 BAR_HEIGHT = 26
 
@@ -45,10 +51,25 @@ class BarSpec:
     segments: tuple[tuple[str, int], ...]  # (segment key, bytes), in drawing order
     reserve: int = 0
     over: bool = False
+    engines: tuple[EngineShare, ...] = ()  # running engines, drawn first
+    others: int | None = None  # other processes (None: not known, e.g. what-if hardware)
+
+    @property
+    def planned(self) -> int:
+        return sum(n for _, n in self.segments)
+
+    @property
+    def held(self) -> int:
+        """What the running engines and other processes hold now."""
+        return sum(_share_bytes(e) for e in self.engines) + (self.others or 0)
 
     @property
     def used(self) -> int:
-        return sum(n for _, n in self.segments)
+        return self.planned + self.held
+
+
+def _share_bytes(e: EngineShare) -> int:
+    return e.measured if e.measured is not None else e.planned
 
 
 def gib(n: int) -> str:
@@ -64,20 +85,35 @@ def _segments(d: DeviceFootprint) -> tuple[tuple[str, int], ...]:
     )
 
 
-def bars_for(outcome: PlanOutcome, reserve: int) -> list[BarSpec]:
-    """One bar per GPU of the hardware, then system RAM."""
+def bars_for(
+    outcome: PlanOutcome,
+    reserve: int,
+    loads: Sequence[EngineLoad] = (),
+    live: LiveReading | None = None,
+) -> list[BarSpec]:
+    """One bar per GPU of the hardware, then system RAM. On this machine each bar also shows
+    the running engines' shares and what other processes hold (`live`); a what-if card has
+    neither. A GPU is over when the plan does not fit in what is free there less the reserve
+    (the same test the fitter makes)."""
     hw = outcome.hardware
     fit = outcome.fit
     devices = {d.name: d for d in fit.footprint.devices} if fit else {}
+    here = not hw.what_if
     bars: list[BarSpec] = []
     for g in hw.gpus:
         d = devices.get(g.name, DeviceFootprint(g.name))
         limit = max(g.available - reserve, 0)
-        bars.append(BarSpec(g.name, g.total_bytes, _segments(d), reserve, d.total > limit))
+        engines = shares_on(g.name, loads) if here else ()
+        others = others_on(g.name, live, loads) if here else None
+        bars.append(
+            BarSpec(g.name, g.total_bytes, _segments(d), reserve, d.total > limit, engines, others)
+        )
     host = devices.get(CPU, DeviceFootprint(CPU))
     over = hw.host_bytes is not None and host.total > hw.host_bytes
     title = "System RAM" + (" (this machine)" if hw.what_if else "")
-    bars.append(BarSpec(title, hw.host_bytes, _segments(host), 0, over))
+    engines = shares_on(CPU, loads)
+    others = others_on(CPU, live, loads)
+    bars.append(BarSpec(title, hw.host_bytes, _segments(host), 0, over, engines, others))
     return bars
 
 
@@ -109,8 +145,13 @@ class VramBar(QWidget):
         s = self._spec
         if s is None:
             return ""
-        lines = [f"{s.title}: {format_bytes(s.used)} planned"]
+        lines = [f"{s.title}: {format_bytes(s.planned)} planned for the selected model"]
         lines += [f"  {SEGMENTS[k][0]}: {format_bytes(n)}" for k, n in s.segments if n]
+        for e in s.engines:
+            measured = f", measured {format_bytes(e.measured)}" if e.measured is not None else ""
+            lines.append(f"Running {e.name}: planned {format_bytes(e.planned)}{measured}")
+        if s.others is not None:
+            lines.append(f"Other processes and the driver: {format_bytes(s.others)}")
         if s.reserve:
             lines.append(f"  reserve kept free: {format_bytes(s.reserve)}")
         if s.capacity:
@@ -136,7 +177,11 @@ class VramBar(QWidget):
         p.drawText(title_rect, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, s.title)
         p.setFont(self.font())
         cap = f" of {gib(s.capacity)}" if s.capacity else ""
-        total = f"{gib(s.used)}{cap}"
+        total = (
+            f"{gib(s.planned)} planned + {gib(s.held)} in use{cap}"
+            if s.held
+            else f"{gib(s.used)}{cap}"
+        )
         if s.over:
             p.setPen(OVER_COLOUR)
             total += "  — over"
@@ -156,23 +201,35 @@ class VramBar(QWidget):
         p.save()
         p.setClipRect(bar)
         x = bar.left()
-        pieces = [*s.segments, ("reserve", s.reserve)] if s.capacity else list(s.segments)
-        for key, n in pieces:
+        held: list[tuple[str, int, str]] = [("engines", _share_bytes(e), e.name) for e in s.engines]
+        if s.others:
+            held.append(("others", s.others, ""))
+        pieces = [*held, *((k, n, "") for k, n in s.segments)]
+        if s.capacity:
+            pieces.append(("reserve", s.reserve, ""))
+        n_engine = 0
+        for key, n, name in pieces:
             if n <= 0:
                 continue
             seg_w = bar.width() * n / scale_bytes
+            colour = QColor(SEGMENTS[key][1])
+            if key == "engines":
+                colour = colour if n_engine % 2 == 0 else ENGINE_ALT_COLOUR
+                n_engine += 1
             if key == "reserve":  # the reserve sits at the far end of the card
                 rect = QRectF(bar.right() - seg_w, bar.top(), seg_w, bar.height())
-                p.setBrush(QColor(SEGMENTS[key][1]))
+                p.setBrush(colour)
                 p.setOpacity(0.55)
                 p.drawRect(rect)
                 p.setOpacity(1.0)
             else:
                 rect = QRectF(x, bar.top(), seg_w, bar.height())
-                p.setBrush(SEGMENTS[key][1])
+                p.setBrush(colour)
                 p.drawRect(rect)
                 x += seg_w
             label = gib(n) if n >= 0.05 * GIB else ""
+            if name and fm.horizontalAdvance(f"{name} {label}") + 8 < seg_w:
+                label = f"{name} {label}".strip()
             if label and fm.horizontalAdvance(label) + 8 < seg_w:
                 p.setPen(QColor(255, 255, 255) if key != "reserve" else QColor(40, 40, 40))
                 p.drawText(rect, Qt.AlignmentFlag.AlignCenter, label)

@@ -116,6 +116,54 @@ class LatestWins(QObject):
             self.busyChanged.emit(False)
 
 
+class InOrder(QObject):
+    """Runs every submitted task, one at a time, in the order submitted, and delivers every
+    result (`finished`) or error (`failed`) in that order: for requests that must all happen,
+    such as starting engines, where the latest-wins rule would drop one."""
+
+    finished = Signal(object)
+    failed = Signal(str)
+    busyChanged = Signal(bool)
+
+    def __init__(self, name: str, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._runner = LatestWins(name, self)
+        self._queue: list[Task] = []
+        self._runner.finished.connect(self._on_finished)
+        self._runner.failed.connect(self._on_failed)
+
+    @property
+    def busy(self) -> bool:
+        return self._runner.busy or bool(self._queue)
+
+    def submit(self, task: Task) -> None:
+        was_busy = self.busy
+        if self._runner.busy:
+            self._queue.append(task)
+        else:
+            self._runner.submit(task)
+        if not was_busy:
+            self.busyChanged.emit(True)
+
+    def wait(self, timeout: float | None = 30.0) -> None:
+        self._queue.clear()
+        self._runner.wait(timeout)
+
+    def _next(self) -> None:
+        if self._queue:
+            self._runner.submit(self._queue.pop(0))
+        elif not self._runner.busy:
+            self.busyChanged.emit(False)
+
+    def _on_finished(self, result: object) -> None:
+        self.finished.emit(result)
+        self._next()
+
+    def _on_failed(self, error: str) -> None:
+        self.failed.emit(error)
+        self._next()
+
+
 PROGRESS_INTERVAL_S = 0.05
 
 

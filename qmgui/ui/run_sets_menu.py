@@ -1,0 +1,147 @@
+"""The window's "Run sets" menu: save the running models as a named set, start or stop a set,
+delete one (with undo), and the per-model actions that feed the budget and the tray (pin,
+favourite)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import QInputDialog, QMenu, QWidget
+
+from qmgui import notify
+from qmgui.core.discovery import ModelEntry
+from qmgui.settings import RunSet
+from qmgui.ui.fleet import Fleet
+
+SOURCE = "engines"
+AskName = Callable[[QWidget, str], str | None]
+
+
+def ask_name(parent: QWidget, suggestion: str) -> str | None:
+    text, ok = QInputDialog.getText(
+        parent, "Save run set", "Name of the run set (the running models, started together):",
+        text=suggestion,
+    )  # fmt: skip
+    return text.strip() if ok and text.strip() else None
+
+
+class RunSetsMenu(QMenu):
+    """Rebuilt from the fleet each time it opens, so it always shows the saved sets."""
+
+    def __init__(self, fleet: Fleet, parent: QWidget, *, ask: AskName = ask_name) -> None:
+        super().__init__("Run sets", parent)
+        self.setObjectName("run-sets-menu")
+        self.fleet = fleet
+        self._ask = ask
+        self._parent = parent
+        self._undo: RunSet | None = None
+        # owned by the window, not the menu: clear() deletes the actions a menu owns
+        self.save_action = QAction("Save running models as a run set…", parent)
+        self.save_action.setShortcut(QKeySequence("Ctrl+Shift+S"))
+        self.save_action.triggered.connect(self.save_running)
+        self.aboutToShow.connect(self.rebuild)
+        self.rebuild()
+
+    def rebuild(self) -> None:
+        for action in self.actions():
+            sub = action.menu()
+            if isinstance(sub, QMenu):
+                sub.deleteLater()
+        self.clear()
+        self.addAction(self.save_action)
+        self.save_action.setEnabled(bool(self.fleet.running_model_ids()))
+        if self._undo is not None:
+            undo = self.addAction(f"Undo deleting {self._undo.name}")
+            undo.setObjectName("undo-delete")
+            undo.triggered.connect(self.undo_delete)
+        sets = self.fleet.run_sets()
+        if sets:
+            self.addSeparator()
+        running = set(self.fleet.running_model_ids())
+        for rs in sets:
+            n_running = sum(m in running for m in rs.model_ids)
+            sub = QMenu(f"{rs.name} ({n_running}/{len(rs.model_ids)} running)", self)
+            sub.setObjectName(f"run-set:{rs.name}")
+            start = sub.addAction("Start")
+            start.setObjectName("start")
+            start.setEnabled(n_running < len(rs.model_ids))
+            start.triggered.connect(lambda _=False, n=rs.name: self.fleet.start_run_set(n))
+            stop = sub.addAction("Stop")
+            stop.setObjectName("stop")
+            stop.setEnabled(n_running > 0)
+            stop.triggered.connect(lambda _=False, n=rs.name: self.fleet.stop_run_set(n))
+            sub.addSeparator()
+            delete = sub.addAction("Delete")
+            delete.setObjectName("delete")
+            delete.triggered.connect(lambda _=False, n=rs.name: self.delete(n))
+            self.addMenu(sub)
+
+    def save_running(self) -> RunSet | None:
+        ids = self.fleet.running_model_ids()
+        if not ids:
+            notify.info("Start the models of the set first, then save them", source=SOURCE)
+            return None
+        name = self._ask(self._parent, f"Set {len(self.fleet.run_sets()) + 1}")
+        if name is None:
+            return None
+        rs = self.fleet.save_run_set(name, ids)
+        notify.info(f"Saved run set {rs.name}: {len(rs.model_ids)} model(s)", source=SOURCE)
+        self.rebuild()
+        return rs
+
+    def delete(self, name: str) -> None:
+        gone = self.fleet.delete_run_set(name)
+        if gone is not None:
+            self._undo = gone
+            notify.info(f"Deleted run set {name} (Run sets → Undo brings it back)", source=SOURCE)
+        self.rebuild()
+
+    def undo_delete(self) -> None:
+        if self._undo is not None:
+            self.fleet.restore_run_set(self._undo)
+            notify.info(f"Run set {self._undo.name} is back", source=SOURCE)
+            self._undo = None
+        self.rebuild()
+
+
+class ModelActions:
+    """Pin and favourite for the selected model, as checkable actions (table context menu and
+    shortcuts)."""
+
+    def __init__(self, fleet: Fleet, current: Callable[[], ModelEntry | None], parent: QWidget):
+        self.fleet = fleet
+        self._current = current
+        self.favourite = QAction("Favourite (start from the tray)", parent)
+        self.favourite.setCheckable(True)
+        self.favourite.setShortcut(QKeySequence("Ctrl+D"))
+        self.favourite.triggered.connect(self._toggle_favourite)
+        self.pin = QAction("Pin (never stopped to make room)", parent)
+        self.pin.setCheckable(True)
+        self.pin.setShortcut(QKeySequence("Ctrl+Shift+P"))
+        self.pin.triggered.connect(self._toggle_pin)
+
+    def sync(self) -> None:
+        entry = self._current()
+        for action in (self.favourite, self.pin):
+            action.setEnabled(entry is not None)
+        self.favourite.setChecked(entry is not None and self.fleet.is_favourite(entry.id))
+        self.pin.setChecked(entry is not None and self.fleet.is_pinned(entry.id))
+
+    def _toggle_favourite(self) -> None:
+        entry = self._current()
+        if entry is None:
+            return
+        now = self.fleet.toggle_favourite(entry.id)
+        words = "is a favourite now: the tray can start it" if now else "is no longer a favourite"
+        notify.info(f"{entry.name} {words}", source=SOURCE)
+        self.sync()
+
+    def _toggle_pin(self) -> None:
+        entry = self._current()
+        if entry is None:
+            return
+        now = self.fleet.toggle_pinned(entry.id)
+        words = "is pinned: qmgui never stops it to make room" if now else "is no longer pinned"
+        notify.info(f"{entry.name} {words}", source=SOURCE)
+        self.sync()
