@@ -491,26 +491,39 @@ def _compute(
     out = {g: graph + (0 if g in remote else copy) for g in gpus}
     if CPU in devices:
         out[CPU] = graph
-    elif all(g in remote for g in gpus):
-        out[CPU] = _rpc_host_compute(meta, r)
+    elif kv_layers(meta) or meta.is_recurrent:
+        out[CPU] = host_inputs_bytes(meta, r)
     else:
-        # the host side of a full offload: the token embeddings gathered on the CPU and the
-        # logits copied back (llama.cpp's *_Host compute buffer; small, not measured here)
+        # encoders (no KV cache): the token embeddings gathered on the CPU and the outputs
+        # copied back (small, not measured here)
         out[CPU] = (meta.n_embd * r.n_ubatch + (meta.vocab_size or 0) * r.n_seq) * 4
     return out
 
 
-# below the 0.01 MiB a buffer line prints: positions and output ids (fitted, see below)
-_RPC_HOST_SMALL = 8 * 1024
+# below the 0.01 MiB a buffer line prints: positions, output ids and such, per mask (fitted)
+_HOST_INPUTS_SMALL = 8 * 1024
 
 
-def _rpc_host_compute(meta: ModelMeta, r: Resolved) -> int:
-    """The CPU compute buffer when every offloaded layer is on RPC devices: an RPC backend has
-    no pinned host buffer, so the graph's inputs live in a plain CPU buffer: two activations of
-    n_embd × n_ubatch F32 (three without flash attention) and the attention mask (F16 with
-    flash attention, F32 without). Fitted on the CPU rpc-server of the test build (dense
-    attention, 512-2048 cells, ubatch 256/512, flash attention on and off: exact to the printed
-    0.01 MiB); sliding-window models keep a second mask that this does not count."""
+def host_inputs_bytes(meta: ModelMeta, r: Resolved) -> int:
+    """The host compute buffer when every layer runs on GPUs (`Vulkan_Host`, `CUDA_Host`, or a
+    plain CPU buffer for RPC devices): the graph's inputs and the activations copied between
+    host and device: two of n_embd x n_ubatch F32 (three without flash attention), and the
+    attention masks, one over a stream's cells for the full-attention layers and one over the
+    sliding-window cache's cells (F16 with flash attention, F32 without).
+
+    Fitted on the CPU rpc-server here (flash attention on and off, 512-2048 cells, ubatch 256
+    and 512) and checked against the H200 run in docs/gpu (Vulkan: dense, MoE, MLA, hybrid and
+    sliding-window models, 1024-32768 tokens, 1-4 slots, full-size 4B-30B headers): exact to
+    the printed 0.01 MiB. Pure recurrent models (no mask) come out ~0.1 MiB low; CUDA is not
+    measured."""
+    mask_elem = 2 if r.flash_attn else 4
+    cells = {
+        (
+            bool(meta.swa_layers and meta.swa_layers[il] and meta.sliding_window),
+            kv_cells(meta, r, il),
+        )
+        for il in kv_layers(meta)
+    }
+    mask = sum(n for _, n in cells) * r.n_ubatch * mask_elem
     acts = (2 if r.flash_attn else 3) * meta.n_embd * r.n_ubatch * 4
-    mask = r.n_ctx_seq * r.n_ubatch * (2 if r.flash_attn else 4)
-    return acts + mask + r.n_ubatch * 4 + _RPC_HOST_SMALL
+    return acts + mask + r.n_ubatch * 4 + _HOST_INPUTS_SMALL * max(len(cells), 1)

@@ -292,10 +292,11 @@ def test_cuda_pads_quantized_rows() -> None:
 
 def test_rpc_devices_get_no_partial_offload_copy_and_host_inputs_on_the_cpu() -> None:
     """An RPC device's compute buffer is the graph alone (llama.cpp copies CPU weights only
-    into local GPU backends); with every layer remote, the CPU holds the graph's inputs."""
+    into local GPU backends); with every layer on GPUs, local or remote, the host keeps the
+    graph's inputs (tests/engines/test_rpc.py and the H200 run in docs/gpu measured them)."""
     m = make_meta()
     s = LaunchSettings(ctx_size=1024, ubatch_size=512, flash_attn="on", n_gpu_layers=3)
-    local = estimate(m, s, (Gpu("GPU0", 24 * GIB),))
+    local = estimate(m, s, (Gpu("GPU0", 24 * GIB, backend="vulkan"),))
     rpc = Gpu("RPC0[h:1]", 24 * GIB, backend="cpu", endpoint="h:1")
     remote = estimate(m, s, (rpc,))
     graph = remote.host.compute  # the CPU runs its layers: the whole graph
@@ -304,5 +305,19 @@ def test_rpc_devices_get_no_partial_offload_copy_and_host_inputs_on_the_cpu() ->
     full = estimate(m, replace(s, n_gpu_layers=None), (rpc,))
     # 2 activations of 64 x 512 F32, an F16 mask of 1024 x 512, positions and 8 KiB
     assert full.host.compute == 2 * 64 * 512 * 4 + 1024 * 512 * 2 + 512 * 4 + 8192
+    on_gpu = estimate(m, replace(s, n_gpu_layers=None), (Gpu("GPU0", 24 * GIB),))
+    assert on_gpu.host.compute == full.host.compute
     no_fa = estimate(m, replace(s, n_gpu_layers=None, flash_attn="off"), (rpc,))
     assert no_fa.host.compute == 3 * 64 * 512 * 4 + 1024 * 512 * 4 + 512 * 4 + 8192
+
+
+def test_a_sliding_window_model_keeps_a_second_mask_on_the_host() -> None:
+    """iSWA: the sliding layers' cache is smaller (window x slots + ubatch, padded to 256),
+    and its mask is the second one the host holds (H200 run: gemma3, gpt-oss)."""
+    n = N_LAYER
+    m = make_meta(swa_layers=(True, False) * (n // 2) + (True,) * (n % 2), sliding_window=128)
+    s = LaunchSettings(ctx_size=8192, ubatch_size=512, flash_attn="on")
+    fp = estimate(m, s, (Gpu("GPU0", 24 * GIB),))
+    swa_cells = 1024  # pad(min(8192, 128 x 4 slots + 512), 256)
+    masks = (8192 + swa_cells) * 512 * 2
+    assert fp.host.compute == 2 * 64 * 512 * 4 + masks + 512 * 4 + 2 * 8192
