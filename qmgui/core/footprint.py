@@ -514,7 +514,7 @@ def host_inputs_bytes(meta: ModelMeta, r: Resolved) -> int:
     Fitted on the CPU rpc-server here (flash attention on and off, 512-2048 cells, ubatch 256
     and 512) and checked against the H200 run in docs/gpu (Vulkan: dense, MoE, MLA, hybrid and
     sliding-window models, 1024-32768 tokens, 1-4 slots, full-size 4B-30B headers): exact to
-    the printed 0.01 MiB. Pure recurrent models (no mask) come out ~0.1 MiB low; CUDA is not
+    the printed 0.01 MiB. Pure recurrent models (no mask) come out ~1.1 MiB low; CUDA is not
     measured."""
     mask_elem = 2 if r.flash_attn else 4
     cells = {
