@@ -16,7 +16,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,15 +67,23 @@ def _listening(host: str, port: int) -> bool:
 
 @contextlib.contextmanager
 def rpc_server(
-    binary: str, *, port: int | None = None, threads: int = 1, ready_s: float = READY_S
+    binary: str,
+    *,
+    port: int | None = None,
+    threads: int = 1,
+    devices: Sequence[str] = (),
+    ready_s: float = READY_S,
 ) -> Iterator[RpcServer]:
-    """Run `binary` on 127.0.0.1 (`port`, or a free one) for the duration of the block.
+    """Run `binary` on 127.0.0.1 (`port`, or a free one) for the duration of the block,
+    offering `devices` (its backend's names, e.g. Vulkan0; default: its own choice).
 
     Raises EngineError when it cannot be started or does not listen within `ready_s`. A probe
     connection is made to learn that it listens; rpc-server serves one client at a time and
     takes the next, so the probe costs nothing."""
     port = port or free_port()
     argv = [binary, "--host", HOST, "--port", str(port), "--threads", str(threads)]
+    if devices:
+        argv += ["--device", ",".join(devices)]
     try:
         proc = subprocess.Popen(
             argv,
