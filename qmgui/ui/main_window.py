@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import gc
 import os
 from collections.abc import Sequence
 from dataclasses import replace
@@ -66,8 +67,21 @@ from qmgui.ui.workers import Breather, LatestWins, ScanRunner
 SOURCE = "window"
 REPLAN_THROTTLE_MS = 100  # slider drags re-plan at most this often (qutebrowser's throttle)
 MESSAGE_MS = 10_000
+BADGE_DELAY_MS = 150  # after a scan: let the table paint its rows before the badges' search
 REPLAN_FREE_DELTA = 64 * 1024 * 1024  # a card's free memory moved this much: plan again
 PAGE_EMPTY, PAGE_MODELS = 0, 1
+
+
+def freeze_heap() -> None:
+    """Exempt everything alive now from the cyclic garbage collector's full passes.
+
+    A full collection holds the GIL from whichever thread triggers it; when a scan or badge
+    worker triggered one, the GUI thread waited for it: 100-220 ms of the stalls
+    tests/ui/test_stall.py measured were gen-2 collections on worker threads, over objects that
+    live as long as the window (the library, compiled graphs, Qt wrappers). Frozen objects are
+    still freed by reference counting; only cycles among them would wait. Cheap: it moves a
+    list, it does not traverse it."""
+    gc.freeze()
 
 
 def initial_settings(entry: ModelEntry, ov: ModelOverride | None) -> LaunchSettings:
@@ -201,6 +215,10 @@ class MainWindow(QMainWindow):
         self.badger = LatestWins("badges", self)
         self.fitter = LatestWins("fit", self)
         self.offerer = LatestWins("offer", self)  # first run: folders to offer (disk: a worker)
+        self.badge_timer = QTimer(self)
+        self.badge_timer.setSingleShot(True)
+        self.badge_timer.setInterval(BADGE_DELAY_MS)
+        self.badge_timer.timeout.connect(self._refresh_badges)
         self.replan_timer = QTimer(self)
         self.replan_timer.setSingleShot(True)
         self.replan_timer.setInterval(REPLAN_THROTTLE_MS)
@@ -404,7 +422,7 @@ class MainWindow(QMainWindow):
         """Scanned at least once, and no scan, plan or badge work waiting or running."""
         return self._scanned and not (
             self.scanner.busy or self.planner.busy or self.badger.busy or self.fitter.busy
-            or self.offerer.busy or self.replan_timer.isActive()
+            or self.offerer.busy or self.replan_timer.isActive() or self.badge_timer.isActive()
         )  # fmt: skip
 
     def _check_settled(self) -> None:
@@ -474,6 +492,7 @@ class MainWindow(QMainWindow):
         """Post the settings' messages and scan."""
         for message in self._loaded.messages:
             notify.warning(message, source="settings")
+        freeze_heap()  # Qt's wrappers, the modules and the window: alive until the end
         self.rescan()
 
     def rescan(self) -> None:
@@ -553,7 +572,11 @@ class MainWindow(QMainWindow):
             self.offerer.submit(
                 lambda: [str(p) for p in common_model_folders() if str(p) not in roots]
             )
-        self._refresh_badges()
+        freeze_heap()
+        # the badges (a fit search per model, seconds of Python for hundreds of models) start
+        # once the new rows are painted: the paint calls into Python for every cell and must
+        # not wait for the GIL behind a worker (tests/ui/test_stall.py)
+        self.badge_timer.start()
         wanted = self._pending_select or (keep.id if keep else None)
         self._pending_select = None
         if not (wanted and self.table.select_id(wanted)) and n:
@@ -619,6 +642,7 @@ class MainWindow(QMainWindow):
         badges, backends = result
         self.table.model.set_backends(backends)
         self.table.model.set_badges(badges)
+        freeze_heap()
 
     # --- planning ---------------------------------------------------------------------------
     def _on_selected(self, entry: object) -> None:
