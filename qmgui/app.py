@@ -9,11 +9,11 @@ import sys
 from collections.abc import Sequence
 
 from PySide6.QtCore import QObject, Qt, QTimer
-from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import QApplication
+from PySide6.QtGui import QColor, QGuiApplication, QPalette
+from PySide6.QtWidgets import QApplication, QDialog, QWidget
 
 from qmgui import __version__, notify
-from qmgui.settings import LoadResult, Settings, load_settings
+from qmgui.settings import load_settings
 from qmgui.ui.main_window import MainWindow
 from qmgui.ui.tray import app_icon
 
@@ -23,6 +23,7 @@ EXIT_USAGE = 2
 SCREENSHOT_TIMEOUT_S = 120.0
 POLL_MS = 50
 SETTLED_POLLS = 4  # the window must stay settled this many polls in a row before the shot
+SETTLED_POLLS_ENGINE = 30  # with --start: the engines panel shows its log once a second
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,6 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", default="1280x800", metavar="WxH", help="window size (1280x800)")
     p.add_argument("--ctx", type=int, default=None, metavar="N",
                    help="with --select: plan the selected model at N tokens")  # fmt: skip
+    p.add_argument("--theme", choices=("system", "light", "dark"), default=None,
+                   help="colours: follow the system (default, or the saved choice), or force "
+                   "light or dark")  # fmt: skip
+    p.add_argument("--start", action="store_true",
+                   help="with --screenshot: start the selected model's engine and shoot once "
+                   "it is ready (the Engines panel and the bars' engine share)")  # fmt: skip
+    p.add_argument("--show", choices=("backends",), default=None,
+                   help="with --screenshot: save this dialog instead of the window")  # fmt: skip
     p.add_argument("--minimized", action="store_true",
                    help="start in the system tray (minimized where there is none); the "
                    "installers' start-with-the-session option uses it")  # fmt: skip
@@ -57,6 +66,41 @@ def parse_size(text: str) -> tuple[int, int]:
 
 
 GUI_SWITCH_INTERVAL_S = 0.001
+
+
+def dark_palette() -> QPalette:
+    """A dark palette for the Fusion style (where the platform cannot switch its own)."""
+    p = QPalette()
+    role = QPalette.ColorRole
+    window, base, text = QColor(45, 45, 48), QColor(30, 30, 32), QColor(230, 230, 230)
+    for r, c in (
+        (role.Window, window), (role.WindowText, text), (role.Base, base),
+        (role.AlternateBase, QColor(40, 40, 43)), (role.ToolTipBase, QColor(60, 60, 64)),
+        (role.ToolTipText, text), (role.PlaceholderText, QColor(140, 140, 140)),
+        (role.Text, text), (role.Button, QColor(55, 55, 58)), (role.ButtonText, text),
+        (role.BrightText, QColor(255, 90, 90)), (role.Light, QColor(75, 75, 80)),
+        (role.Midlight, QColor(62, 62, 66)), (role.Mid, QColor(90, 90, 96)),
+        (role.Dark, QColor(25, 25, 27)), (role.Shadow, QColor(0, 0, 0)),
+        (role.Highlight, QColor(42, 130, 218)), (role.HighlightedText, QColor(255, 255, 255)),
+        (role.Link, QColor(100, 170, 255)),
+    ):  # fmt: skip
+        p.setColor(r, c)
+    disabled = QColor(120, 120, 120)
+    for r in (role.WindowText, role.Text, role.ButtonText):
+        p.setColor(QPalette.ColorGroup.Disabled, r, disabled)
+    return p
+
+
+def apply_theme(app: QApplication, theme: str) -> None:
+    """ "system" follows the platform's light/dark setting; "light"/"dark" force it with the
+    Fusion style (which draws every widget from the palette on every platform). The platform
+    is asked too (Qt 6.8+), where it can switch its own colours."""
+    if theme == "system":
+        return
+    app.setStyle("Fusion")
+    dark = theme == "dark"
+    app.styleHints().setColorScheme(Qt.ColorScheme.Dark if dark else Qt.ColorScheme.Light)
+    app.setPalette(dark_palette() if dark else app.style().standardPalette())
 
 
 def make_application(argv: Sequence[str] = ()) -> QApplication:
@@ -95,10 +139,13 @@ def run(argv: Sequence[str]) -> int:
             os.environ["QT_QPA_PLATFORM"] = "offscreen"
         return screenshot(
             args.screenshot, models=args.models, what_if=args.what_if, select=args.select,
-            size=size, ctx=args.ctx,
+            size=size, ctx=args.ctx, theme=args.theme or "system", start=args.start,
+            show=args.show,
         )  # fmt: skip
     app = make_application()
-    window = MainWindow(hardware_choice=args.what_if)
+    loaded = load_settings()
+    apply_theme(app, args.theme or loaded.settings.ui.theme)
+    window = MainWindow(loaded, hardware_choice=args.what_if)
     if args.models:
         window.add_roots([args.models])
     if args.minimized and window.tray is not None and window.tray.install():
@@ -125,10 +172,21 @@ class _Shooter(QObject):
     """Waits until the window has scanned, selected and planned, then saves it."""
 
     def __init__(
-        self, window: MainWindow, path: str, select: str | None, ctx: int | None = None
+        self,
+        window: MainWindow,
+        path: str,
+        select: str | None,
+        ctx: int | None = None,
+        *,
+        start: bool = False,
+        show: str | None = None,
     ) -> None:
         super().__init__(window)
         self.window = window
+        self.start = start
+        self.show = show
+        self.dialog: QWidget | None = None
+        self.engine: int | None = None
         self.path = path
         self.select = select
         self.ctx = ctx
@@ -162,14 +220,39 @@ class _Shooter(QObject):
             self.window.plan_panel.ctx_spin.setValue(ctx)  # re-plans like a user's edit
             self.calm = 0
             return
-        self.calm += 1
-        if self.calm < SETTLED_POLLS:
+        if self.start and not self._engine_ready():
+            self.calm = 0
             return
-        image = self.window.grab()
+        if self.show == "backends" and self.dialog is None:
+            self.window.open_backends()
+            self.dialog = next(
+                (w for w in self.window.findChildren(QDialog) if w.isVisible()), None
+            )
+            self.calm = 0
+            return
+        self.calm += 1
+        if self.calm < (SETTLED_POLLS_ENGINE if self.engine is not None else SETTLED_POLLS):
+            return
+        image = (self.dialog or self.window).grab()
         ok = image.save(self.path, "PNG")
         if not ok:
             print(f"qmgui: could not write {self.path}", file=sys.stderr)
         self._finish(EXIT_OK if ok else EXIT_FAILED)
+
+    def _engine_ready(self) -> bool:
+        """Start the engine once; True when it is ready (with its memory read) or has ended."""
+        runner = self.window.engine_runner
+        if self.engine is None:
+            self.engine = self.window.start_engine()
+            if self.engine is None:
+                print("qmgui: --start: the selected model has no command to run", file=sys.stderr)
+                self.start = False
+            return False
+        e = runner.engines.get(self.engine)
+        if e is None or e.state.final:
+            self.start = False  # shoot what there is (the panel shows why it ended)
+            return True
+        return e.memory is not None
 
     def _finish(self, status: int) -> None:
         self.status = status
@@ -186,18 +269,22 @@ def screenshot(
     select: str | None = None,
     ctx: int | None = None,
     size: tuple[int, int] = (1280, 800),
+    theme: str = "system",
+    start: bool = False,
+    show: str | None = None,
 ) -> int:
     """Start the window, wait for its scan and plan, save a PNG of it to `path`."""
     app = make_application()
+    apply_theme(app, theme)
     if models is not None:
-        loaded = LoadResult(Settings())  # DIR is the only root; nothing read or written
+        # DIR is the only root; the settings (backends) are read, nothing is written
         window = MainWindow(
-            loaded, roots=[models], persist=False, hardware_choice=what_if, tray=False
+            load_settings(), roots=[models], persist=False, hardware_choice=what_if, tray=False
         )
     else:
         window = MainWindow(load_settings(), persist=False, hardware_choice=what_if, tray=False)
     window.resize(*size)
-    shooter = _Shooter(window, path, select, ctx)
+    shooter = _Shooter(window, path, select, ctx, start=start, show=show)
     window.show()
     window.start()
     shooter.timer.start()

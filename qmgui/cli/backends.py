@@ -63,8 +63,9 @@ def register(sub: Any) -> None:
     add = actions.add_parser(
         "add",
         help="register an engine executable",
-        description="Register an engine executable. Its version and flags are not probed "
-        "here; the executable is only checked to exist and be runnable.",
+        description="Register an engine executable. It is checked to exist and be runnable, "
+        "then run with --version, --help and --list-devices to learn its version, the flags it "
+        "understands and its devices (--no-probe skips that).",
     )
     add.add_argument("id", metavar="ID", help="a name for this entry, unique in the registry")
     add.add_argument("--kind", required=True, help=f"one of {', '.join(KINDS)}")

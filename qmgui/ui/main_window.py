@@ -34,7 +34,7 @@ from PySide6.QtWidgets import (
 )
 
 from qmgui import notify
-from qmgui.cli.preview import Resolver
+from qmgui.cli.preview import Resolver, default_executable, kind_for
 from qmgui.core.backends import resolve_backend
 from qmgui.core.discovery import ModelEntry, ScanResult
 from qmgui.core.fit import FitResult
@@ -218,7 +218,7 @@ class MainWindow(QMainWindow):
         self.badge_timer = QTimer(self)
         self.badge_timer.setSingleShot(True)
         self.badge_timer.setInterval(BADGE_DELAY_MS)
-        self.badge_timer.timeout.connect(self._refresh_badges)
+        self.badge_timer.timeout.connect(lambda: self._refresh_badges(clear=False))
         self.replan_timer = QTimer(self)
         self.replan_timer.setSingleShot(True)
         self.replan_timer.setInterval(REPLAN_THROTTLE_MS)
@@ -610,11 +610,15 @@ class MainWindow(QMainWindow):
         self._refresh_badges()
         self._schedule_plan()
 
-    def _refresh_badges(self) -> None:
+    def _refresh_badges(self, *, clear: bool = True) -> None:
+        """Size every model for the fit badges on a worker. `clear=False` (after a rescan, same
+        hardware) keeps the badges on show until the new ones arrive: clearing repaints the
+        column while the worker runs, and each cell painted then waits for the GIL."""
         entries = self.table.model.entries
         if not entries:
             return
-        self.table.model.clear_badges()
+        if clear:
+            self.table.model.clear_badges()
         hw, reserve = self._hardware, self.reserve_mib
 
         registry = [b.to_core() for b in self.settings.backends]
@@ -625,6 +629,11 @@ class MainWindow(QMainWindow):
             badges, backends = {}, {}
             for e in entries:
                 badges[e.id] = fit_badge(e, hw, reserve)
+                if not registry:  # what the command uses then: the kind's usual executable
+                    exe = os.path.basename(default_executable(kind_for(e))) or "?"
+                    backends[e.id] = (exe, f"no backends registered: {exe} (Backends… to add one)")
+                    breathe()
+                    continue
                 choice = resolve_backend(e, registry, pin=pins.get(e.id))
                 label = (
                     choice.backend.id

@@ -42,14 +42,14 @@ class Column:
 
 
 COLUMNS: tuple[Column, ...] = (
-    Column("name", "Name", 260),
+    Column("name", "Name", 220),
     Column("class", "Class", 70),
-    Column("arch", "Architecture", 96),
+    Column("arch", "Architecture", 92),
     Column("quant", "Quant", 58),
-    Column("size", "Size", 76),
-    Column("context", "Context", 72),
-    Column("backend", "Backend", 76),
-    Column("fit", "Fit", 84),
+    Column("size", "Size", 70),
+    Column("context", "Context", 64),
+    Column("backend", "Backend", 96),
+    Column("fit", "Fit", 80),
 )
 COLUMN_KEYS = tuple(c.key for c in COLUMNS)
 FIT_COLUMN = COLUMN_KEYS.index("fit")

@@ -241,26 +241,35 @@ class VramBar(QWidget):
         p.drawRoundedRect(bar, 4, 4)
 
 
-class Legend(QWidget):
-    """Colour swatches with their names, wrapped onto as many lines as the width needs."""
+class Legend(QLabel):
+    """Colour swatches with their names, wrapped onto as many lines as the width needs (a
+    word-wrapped label: its minimum width is one item, so it never widens the panel). The
+    running-engine and other-process swatches show only when a bar has them."""
+
+    OPTIONAL = ("engines", "others")
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
-        layout = QHBoxLayout(self)
-        layout.setContentsMargins(0, 0, 0, 0)
-        layout.setSpacing(14)
-        for key, (label, colour) in [*SEGMENTS.items(), ("free", ("Free", QColor()))]:
-            item = QLabel(self)
+        self.setObjectName("legend")
+        self.setWordWrap(True)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
+        self.keys: tuple[str, ...] = ()
+        self.show_keys(())
+
+    def show_keys(self, present: Sequence[str]) -> None:
+        keys = [k for k in SEGMENTS if k not in self.OPTIONAL or k in present]
+        self.keys = (*keys, "free")
+        items = []
+        for key in self.keys:
+            label, colour = SEGMENTS.get(key, ("Free", QColor()))
             swatch = (
                 colour.name()
                 if key != "free"
                 else self.palette().color(QPalette.ColorRole.Base).name()
             )
-            item.setText(f'<span style="color:{swatch}; font-size:large">■</span>&nbsp;{label}')
-            item.setObjectName(f"legend-{key}")
-            layout.addWidget(item)
-        layout.addStretch(1)
+            name = label.replace(" ", "&nbsp;")
+            items.append(f'<span style="color:{swatch}; font-size:large">■</span>&nbsp;{name}')
+        self.setText(" &nbsp;&nbsp; ".join(items))
 
 
 class MemoryPanel(QWidget):
@@ -287,7 +296,8 @@ class MemoryPanel(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(8)
         layout.addLayout(self._bars_box)
-        layout.addWidget(Legend(self))
+        self.legend = Legend(self)
+        layout.addWidget(self.legend)
         layout.addLayout(verdict_row)
 
     def set_bars(self, specs: list[BarSpec]) -> None:
@@ -299,6 +309,13 @@ class MemoryPanel(QWidget):
             self.bars.pop().deleteLater()
         for bar, spec in zip(self.bars, specs, strict=True):
             bar.set_spec(spec)
+        present = []
+        if any(spec.engines for spec in specs):
+            present.append("engines")
+        if any(spec.others for spec in specs):
+            present.append("others")
+        if tuple(present) != tuple(k for k in self.legend.keys if k in Legend.OPTIONAL):
+            self.legend.show_keys(present)
 
     def set_verdict(self, text: str, *, ok: bool, nearest: bool) -> None:
         colour = SEGMENTS["weights"][1] if ok else OVER_COLOUR
