@@ -11,10 +11,20 @@ import pytest
 import yaml
 
 from qmgui.cli.place import parse_spec
+from qmgui.core.footprint import CONTEXT_BYTES
 from qmgui.core.launch import LaunchSettings
 from qmgui.core.placement import AutoContext
+from qmgui.core.units import MIB
 from tests.synth.factory import PRESETS, write_gguf, write_hf_folder
 from tests.test_cli import run
+
+# what-if GPUs are CUDA cards where each engine pays its context first: sizes below are that
+# (per engine on the card) plus the test's
+CTX_MIB = CONTEXT_BYTES["cuda"] // MIB
+
+
+def mib(n: int, engines: int = 1) -> str:
+    return f"{engines * CTX_MIB + n}MiB"
 
 
 @pytest.fixture
@@ -48,7 +58,7 @@ def test_json_gives_each_model_its_cards_and_each_device_its_shares(models: Path
         "place",
         f"{models / 'llama.gguf'}@c=1024,np=2",
         f"{models / 'qwen2.gguf'}@c=2048",
-        "--gpu", "64MiB", "--gpu", "32MiB", "--reserve", "0", "--json",
+        "--gpu", mib(64), "--gpu", mib(32), "--reserve", "0", "--json",
     )  # fmt: skip
     assert code == 0
     doc = json.loads(out)
@@ -72,7 +82,7 @@ def test_json_gives_each_model_its_cards_and_each_device_its_shares(models: Path
 def test_a_model_that_does_not_fit_prints_why_and_the_nearest_fit(models: Path) -> None:
     code, out, _ = run(
         "place", str(models / "llama.gguf"), f"{models / 'qwen2.gguf'}@c=32768",
-        "--gpu", "32MiB", "--reserve", "0",
+        "--gpu", mib(32, engines=2), "--reserve", "0",
     )  # fmt: skip
     assert code == 1
     assert "placed 1 of 2 models on 1 device\n" in out
@@ -80,7 +90,7 @@ def test_a_model_that_does_not_fit_prints_why_and_the_nearest_fit(models: Path) 
     assert "nearest: fits with a context of" in out
     code, out, _ = run(
         "place", str(models / "llama.gguf"), f"{models / 'qwen2.gguf'}@c=32768",
-        "--gpu", "32MiB", "--reserve", "0", "--json",
+        "--gpu", mib(32, engines=2), "--reserve", "0", "--json",
     )  # fmt: skip
     assert code == 1
     (qwen,) = [m for m in json.loads(out)["models"] if not m["placed"]]
@@ -93,7 +103,7 @@ def test_rpc_servers_are_devices_and_the_llama_swap_config_names_them(models: Pa
         "place",
         f"{models / 'llama.gguf'}@c=1024",
         f"{models / 'qwen2.gguf'}@c=1024",
-        "--gpu", "5MiB", "--rpc", "10.0.0.2:50052=5MiB/cpu", "--reserve", "0",
+        "--gpu", mib(5), "--rpc", "10.0.0.2:50052=5MiB/cpu", "--reserve", "0",
         "--llama-swap", "-", "--backend", "/opt/llama.cpp/llama-server", "--no-probe",
     )  # fmt: skip
     assert code == 0

@@ -59,6 +59,7 @@ _TYPE_TRAITS: dict[str, tuple[int, int]] = {
     "bf16": (2, 1),
     "i32": (4, 1),
     "i64": (8, 1),
+    "i8": (1, 1),  # bytes: a copy of a weight in its file type (core.sched)
     "q8_0": (34, 32),
     "q4_0": (18, 32),
     "q4_1": (20, 32),
@@ -101,8 +102,11 @@ class _T:
 
     __slots__ = (
         "allocated",
+        "expert",
         "external",
         "is_output",
+        "is_weight",
+        "layer",
         "n_children",
         "n_views",
         "nb",
@@ -146,6 +150,11 @@ class _T:
             root = view_src.view_src
         self.view_src: _T | None = root
         self.external = external  # weights, KV cache, recurrent state: not in this buffer
+        # where an external tensor lives (core.sched places it): its layer (-1: the input
+        # layer, n_layer: the output layer) and whether it is an expert tensor
+        self.layer = -1
+        self.expert = False
+        self.is_weight = False
         self.is_output = False
         self.n_children = 0
         self.n_views = 0
@@ -200,6 +209,7 @@ class _Graph:
     def __init__(self) -> None:
         self.nodes: list[_T] = []
         self.leafs: list[_T] = []
+        self.layer = -1  # the layer being built: stamped on weights and caches (core.sched)
 
     # -- graph order ------------------------------------------------------------------------
 
@@ -224,13 +234,22 @@ class _Graph:
 
     # -- leaves -----------------------------------------------------------------------------
 
-    @staticmethod
-    def weight(*ne: int) -> _T:
-        return _T("f16", ne, external=True)
+    def weight(self, *ne: int) -> _T:
+        t = _T("f16", ne, external=True)
+        t.layer = self.layer
+        t.is_weight = True
+        return t
 
-    @staticmethod
-    def cache(type_: str, *ne: int) -> _T:
-        return _T(type_, ne, external=True)
+    def expert_weight(self, *ne: int) -> _T:
+        """An expert tensor (`--cpu-moe` / `--n-cpu-moe` keep these in host memory)."""
+        t = self.weight(*ne)
+        t.expert = True
+        return t
+
+    def cache(self, type_: str, *ne: int) -> _T:
+        t = _T(type_, ne, external=True)
+        t.layer = self.layer
+        return t
 
     @staticmethod
     def input(type_: str, *ne: int) -> _T:
@@ -666,6 +685,14 @@ class _Builder:
         self.no_cache_mask: _T | None = None
         self._s_copy: tuple[_T, _T] | None = None
 
+    def each_layer(self) -> Iterator[int]:
+        """The replayed layers in order; weights and caches built meanwhile are stamped with
+        their layer, those built after the last one with the output layer's index."""
+        for il in self.d.layers:
+            self.g.layer = il
+            yield il
+        self.g.layer = self.d.n_layer
+
     # -- inputs -----------------------------------------------------------------------------
 
     def inp_embd(self, *, scale: bool = False) -> _T:
@@ -1032,16 +1059,15 @@ def _moe_ffn(b: _Builder, x: _T, il: int, m: _Moe) -> _T:
         weights = g.op("scale", weights)
     g.expand(weights)
     cur = g.reshape(x, x.ne[0], 1, n_tok)
-    experts_w = g.weight(x.ne[0], n_ff_exp, d.n_expert)
-    up = g.mul_mat_id(experts_w, cur, topk)
-    gate = g.mul_mat_id(experts_w, cur, topk)
+    up = g.mul_mat_id(g.expert_weight(x.ne[0], n_ff_exp, d.n_expert), cur, topk)
+    gate = g.mul_mat_id(g.expert_weight(x.ne[0], n_ff_exp, d.n_expert), cur, topk)
     if m.biases:
-        up = g.op("add_id", up, g.weight(n_ff_exp, d.n_expert), topk)
-        gate = g.op("add_id", gate, g.weight(n_ff_exp, d.n_expert), topk)
+        up = g.op("add_id", up, g.expert_weight(n_ff_exp, d.n_expert), topk)
+        gate = g.op("add_id", gate, g.expert_weight(n_ff_exp, d.n_expert), topk)
     act = g.op(m.act, gate, up)
-    experts = g.mul_mat_id(g.weight(n_ff_exp, x.ne[0], d.n_expert), act, topk)
+    experts = g.mul_mat_id(g.expert_weight(n_ff_exp, x.ne[0], d.n_expert), act, topk)
     if m.biases:
-        experts = g.op("add_id", experts, g.weight(x.ne[0], d.n_expert), topk)
+        experts = g.op("add_id", experts, g.expert_weight(x.ne[0], d.n_expert), topk)
     experts = g.op("mul", experts, weights)
     g.expand(experts)
     views = [g.view(experts, (x.ne[0], n_tok), (experts.nb[2],)) for _ in range(n_used)]
@@ -1137,7 +1163,7 @@ def _graph_llama(b: _Builder) -> None:
     d, g = b.d, b.g
     inp = b.inp_embd()
     moe = _Moe()
-    for il in d.layers:
+    for il in b.each_layer():
         pre = f"blk.{il}."
         residual = inp
         cur = _pre_norm(b, inp, pre + "attn_norm")
@@ -1166,7 +1192,7 @@ def _graph_gemma(b: _Builder) -> None:
     d, g = b.d, b.g
     softcap = d.arch == "gemma2"
     inp = g.op("scale", b.inp_embd())
-    for il in d.layers:
+    for il in b.each_layer():
         cur = b.norm(inp)
         q, k, v = _qkv(b, il, cur)
         q = g.op("scale", b.rope(q))
@@ -1182,10 +1208,10 @@ def _graph_gpt_oss(b: _Builder) -> None:
     """src/models/openai-moe.cpp: biased Q/K/V, attention sinks, alternating sliding-window
     layers, soft-max-weighted experts with biases and the clamped SwiGLU; output rows are
     selected after the last layer, whose hidden state is kept as an output."""
-    d, g = b.d, b.g
+    g = b.g
     inp = b.inp_embd()
     moe = _Moe(gating="softmax_weight", norm_w=False, biases=True, act="swiglu_oai")
-    for il in d.layers:
+    for il in b.each_layer():
         cur = b.norm(inp)
         q, k, v = _qkv(b, il, cur)
         cur = b.attn_kv(il, b.rope(q), b.rope(k), v, sinks=True, wo_bias=True)
@@ -1267,7 +1293,7 @@ def _graph_deepseek2(b: _Builder) -> None:
     v3 = any(n.endswith("exp_probs_b.bias") for n in d.names)
     moe = _Moe(gating="sigmoid" if v3 else "softmax", norm_w=v3, scale=v3, probs_bias=v3)
     inp = b.inp_embd()
-    for il in d.layers:
+    for il in b.each_layer():
         residual = inp
         attn = _deepseek_attn if d.mla_head_k else _deepseek_attn_mha
         cur = attn(b, il, b.norm(inp))
@@ -1297,7 +1323,7 @@ def _graph_bert(b: _Builder) -> None:
     if d.has("position_embd.weight"):
         inp = g.op("add", g.get_rows(g.weight(d.n_embd, d.n_ctx_train), b.inp_pos()), inp)
     inp = b.norm(inp, kind="norm", bias=True)
-    for il in d.layers:
+    for il in b.each_layer():
         q, k, v = _qkv(b, il, inp)
         cur = _attn_no_cache(b, il, q, k, v)
         cur, inp = b.last_rows(il, cur, inp)
@@ -1346,7 +1372,7 @@ def _graph_lfm2(b: _Builder) -> None:
     followed by a SwiGLU FFN (experts on lfm2moe); residual adds take the residual first."""
     d, g = b.d, b.g
     cur = g.expand(b.inp_embd())
-    for il in d.layers:
+    for il in b.each_layer():
         prev = cur
         cur = b.norm(cur)
         if b.is_recurrent(il):
@@ -1421,9 +1447,9 @@ def _mamba2(b: _Builder, il: int, x: _T) -> _T:
 
 def _graph_mamba2(b: _Builder) -> None:
     """src/models/mamba.cpp (Mamba-2): every layer a Mamba-2 mixer with a residual add."""
-    d, g = b.d, b.g
+    g = b.g
     inp = b.inp_embd()
-    for il in d.layers:
+    for il in b.each_layer():
         cur = _mamba2(b, il, b.norm(inp))
         cur, inp = b.last_rows(il, cur, inp)
         inp = g.op("add", cur, inp)
@@ -1435,7 +1461,7 @@ def _graph_granite_hybrid(b: _Builder) -> None:
     Granite's embedding, residual and logit scales (in place), SwiGLU or expert FFN."""
     d, g = b.d, b.g
     inp = b.inp_embd(scale=True)
-    for il in d.layers:
+    for il in b.each_layer():
         residual = inp
         cur = b.norm(inp)
         if b.is_recurrent(il):
@@ -1464,7 +1490,7 @@ def _graph_nemotron_h(b: _Builder) -> None:
     output rows are selected after it."""
     d, g = b.d, b.g
     inp = g.expand(b.inp_embd())
-    for il in d.layers:
+    for il in b.each_layer():
         cur = b.norm(inp)
         if b.is_recurrent(il):
             cur = _mamba2(b, il, cur)
@@ -1600,7 +1626,7 @@ def _graph_qwen3next(b: _Builder) -> None:
     output rows are selected after it."""
     d, g = b.d, b.g
     inp = b.inp_embd()
-    for il in d.layers:
+    for il in b.each_layer():
         cur = g.expand(b.norm(inp))
         cur = _gdn_layer(b, il, cur) if b.is_recurrent(il) else _gated_attn(b, il, cur)
         residual = g.op("add", cur, inp)
@@ -1692,7 +1718,7 @@ def _graph_rwkv7(b: _Builder) -> None:
     n_t = b.n_tokens // n_seqs
     inp = b.norm(b.inp_embd(), kind="norm", bias=True)
     first_v: list[_T] = []
-    for il in d.layers:
+    for il in b.each_layer():
         inp = g.reshape(inp, n_embd, n_t, n_seqs)
         shift = g.reshape(b.rs(n_embd * 2), n_embd, 2, n_seqs)
         att_shift = g.view(shift, (n_embd, 1, n_seqs), (shift.nb[1], shift.nb[2]))

@@ -26,7 +26,8 @@ from qmgui.core.compute import compute_buffer_bytes
 from qmgui.core.errors import SizingError
 from qmgui.core.launch import LaunchSettings, Resolved, pad, resolve, row_bytes
 from qmgui.core.meta import ModelMeta, Pooling, TensorEntry
-from qmgui.core.units import format_bytes
+from qmgui.core.sched import Offload, sched_compute_bytes
+from qmgui.core.units import MIB, format_bytes
 
 # ggml type name -> (elements per block, bytes per block), from the gguf package's table
 QUANT_BLOCKS: dict[str, tuple[int, int]] = {t.name: v for t, v in GGML_QUANT_SIZES.items()}
@@ -61,6 +62,25 @@ NO_MEMORY_ARCHS = frozenset(
 MAPPED_ALIGNMENT = 32  # GGUF data alignment when general.alignment is absent
 REPACK_ALIGNMENT = 256  # per-tensor padding bound in repack buffers (see _repack_bound)
 
+# What the GPU backend itself holds on every card the engine uses, outside the buffers the
+# engine logs (charged as the card's `other`), measured on one NVIDIA H200, driver 580.159.04
+# (CUDA 13.0), docs/gpu/:
+# - cuda: a bare CUDA context (cuda-bindings: primary context and a 1 MiB allocation) raised
+#   NVML's used memory by 554,500,096 bytes (520 MiB in the process's own line): 528 MiB
+#   without the allocation, rounded up. A context grows with the card (it holds per-SM state)
+#   and moves between driver versions: smaller cards and other drivers take less or more, and
+#   llama.cpp's CUDA backend adds cuBLAS and its kernels on first use, which this does not
+#   count. ROCm (the CUDA backend on HIP) is charged the same, unmeasured.
+# - vulkan: llama-server's peak on the card (NVML) less its logged GPU buffers, 53.6-55.5 MiB
+#   over 50 launches of tiny to 30B models (docs/gpu/gpu_check.json): 56 MiB.
+# Other backends (metal, a CPU rpc-server) are not charged.
+CONTEXT_BYTES: dict[str, int] = {"cuda": 528 * MIB, "vulkan": 56 * MIB}
+
+
+def context_bytes(gpu: Gpu) -> int:
+    """The backend's own memory on this card (its context), outside the logged buffers."""
+    return CONTEXT_BYTES.get(gpu.backend, 0)
+
 
 @dataclass(frozen=True)
 class Gpu:
@@ -93,7 +113,7 @@ class DeviceFootprint:
     recurrent: int = 0
     compute: int = 0
     output: int = 0
-    other: int = 0
+    other: int = 0  # on a GPU: the backend's own context (context_bytes), not a logged buffer
     # CPU weight repacking copies matmul weights into buffers of their own and takes them out
     # of the mapped span, so resident memory stays about the weights' size; this is the most
     # those copies can add to the *allocated* figures (not counted in `total`)
@@ -409,10 +429,13 @@ def estimate(
         add(proj_dev, "weights", mmproj.weight_bytes)
         notes.append("the projector's image warm-up compute buffer is not estimated")
     if compute:
-        remote = frozenset(g.name for g in gpus if g.remote)
-        found = _compute(meta, r, layer_dev, embeddings=embeddings, notes=notes, remote=remote)
+        found = _compute(
+            meta, r, layer_dev, embeddings=embeddings, notes=notes, gpus=gpus, settings=settings
+        )
         for dev, n in found.items():
             add(dev, "compute", n)
+    for g in gpus:  # the backend's context on every card (0 for backends not charged)
+        add(g.name, "other", context_bytes(g))
     repack = _repack_bound(meta, layer_dev, settings) if settings.repack else 0
     if repack:
         # which matmul weights a CPU repacks (AMX, AVX2/AVX-512 or NEON layouts) depends on
@@ -460,14 +483,17 @@ def _compute(
     *,
     embeddings: bool,
     notes: list[str],
-    remote: frozenset[str] = frozenset(),
+    gpus: Sequence[Gpu] = (),
+    settings: LaunchSettings = LaunchSettings(),  # noqa: B008 - frozen, shared safely
 ) -> dict[str, int]:
     """Compute buffers: one per backend that runs part of the graph.
 
-    The CPU buffer is the replayed graph (`core.compute`, exact on the CPU backend). GPU
-    backends get the same graph's size, uncalibrated; under partial offload each GPU also
-    holds a copy of the largest CPU-resident weight, which llama.cpp moves into the GPU's
-    compute buffer for large-batch matmuls (SIZING.md: partial offload grows compute buffers);
+    CPU only: the replayed graph (`core.compute`, exact on the CPU backend). One local GPU:
+    llama.cpp's scheduler replayed over that graph (`core.sched`: the GPU's buffer and the
+    host's, exact on an H200 with Vulkan, partial offload included); CUDA keeps at least the
+    older figure below until a CUDA run measures it. Several GPUs or RPC devices: each GPU
+    gets the graph's size, plus under partial offload a copy of the largest CPU-resident
+    weight, which llama.cpp moves into the GPU's compute buffer for large-batch matmuls;
     remote (RPC) devices do not.
     """
     try:
@@ -476,19 +502,32 @@ def _compute(
         notes.append(f"compute buffer not estimated: {e}")
         return {}
     devices = list(dict.fromkeys(layer_dev))
-    gpus = [d for d in devices if d != CPU]
-    if not gpus:
+    used = [d for d in devices if d != CPU]
+    if not used:
         return {CPU: graph}
-    notes.append("GPU compute buffers are estimated from the CPU graph (not measured on a GPU)")
+    remote = frozenset(g.name for g in gpus if g.remote)
     copy = 0
     if CPU in devices:
         copy = max(
             (t.nbytes for t in _table(meta) if t.role == _LAYER and layer_dev[t.layer] == CPU),
             default=0,
         )
+    local = [g for g in gpus if g.name in used and not g.remote]
+    if len(used) == 1 and len(local) == 1:
+        return _one_gpu(
+            meta,
+            r,
+            layer_dev,
+            local[0],
+            older=graph + copy,
+            embeddings=embeddings,
+            notes=notes,
+            s=settings,
+        )
+    notes.append("GPU compute buffers are estimated from the CPU graph (not measured on a GPU)")
     # the copy is the local GPU backends' choice (offload_op); an RPC device gets none
     # (measured on loopback: its compute buffer stays below the graph under partial offload)
-    out = {g: graph + (0 if g in remote else copy) for g in gpus}
+    out = {g: graph + (0 if g in remote else copy) for g in used}
     if CPU in devices:
         out[CPU] = graph
     elif kv_layers(meta) or meta.is_recurrent:
@@ -498,6 +537,52 @@ def _compute(
         # copied back (small, not measured here)
         out[CPU] = (meta.n_embd * r.n_ubatch + (meta.vocab_size or 0) * r.n_seq) * 4
     return out
+
+
+def _one_gpu(
+    meta: ModelMeta,
+    r: Resolved,
+    layer_dev: Sequence[str],
+    gpu: Gpu,
+    *,
+    older: int,
+    embeddings: bool,
+    notes: list[str],
+    s: LaunchSettings,
+) -> dict[str, int]:
+    """One local GPU and the host: the scheduler's walk (core.sched). `older` is the CPU
+    graph plus the largest CPU-resident weight, the figure used before the walk existed."""
+    n = meta.n_layer
+    host_layers = frozenset(il for il in range(n) if layer_dev[il] == CPU)
+    offload = Offload(
+        backend=gpu.backend,
+        host_layers=host_layers,
+        host_experts=frozenset(range(n)) if s.cpu_moe else frozenset(range(min(s.n_cpu_moe, n))),
+        host_caches=host_layers if s.kv_offload else frozenset(range(n)),
+        output_on_host=layer_dev[n] == CPU,
+    )
+    try:
+        found = sched_compute_bytes(meta, r, offload, embeddings=embeddings)
+    except SizingError as e:
+        notes.append(f"compute buffer not estimated: {e}")
+        return {}
+    notes.extend(found.notes)
+    gpu_bytes = found.gpu
+    if gpu.backend != "vulkan" or not s.kv_offload:
+        # measured with Vulkan and the KV cache on the GPU; elsewhere (CUDA: no reordering,
+        # its own kernels; -nkvo: llama.cpp pins attention to the CPU) keep the older figure
+        # as a floor
+        gpu_bytes = max(gpu_bytes, older)
+        notes.append(
+            f"{gpu.name} compute buffer: llama.cpp's scheduler replayed, not measured on "
+            f"{'this backend' if s.kv_offload else 'a KV cache in host memory'}"
+        )
+    host = found.host
+    if not host_layers and (kv_layers(meta) or meta.is_recurrent):
+        # every layer on the GPU: the fitted inputs' formula is a floor (its rounding is the
+        # larger by a few KiB; the walk also counts ops the GPU has no kernel for)
+        host = max(host, host_inputs_bytes(meta, r))
+    return {gpu.name: gpu_bytes, CPU: host}
 
 
 # below the 0.01 MiB a buffer line prints: positions, output ids and such, per mask (fitted)

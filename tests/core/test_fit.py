@@ -16,12 +16,15 @@ from qmgui.core.fit import (
     max_slots,
     offload_for_context,
 )
-from qmgui.core.footprint import CPU
+from qmgui.core.footprint import CONTEXT_BYTES, CPU
 from qmgui.core.launch import LaunchSettings
 from qmgui.core.units import MIB
 from tests.core.test_footprint import make_meta, tensors
 
 BIG_CTX = 131072
+# what-if GPUs plan for CUDA, whose context every card pays first: budgets below are that plus
+# what the test is about
+CTX = CONTEXT_BYTES["cuda"]
 
 
 def meta():  # type: ignore[no-untyped-def]
@@ -30,33 +33,33 @@ def meta():  # type: ignore[no-untyped-def]
 
 def test_max_context_is_the_largest_that_fits() -> None:
     m = meta()
-    budget = Budget(gpus=gpus_from_sizes([40 * MIB]), gpu_reserve=0)
+    budget = Budget(gpus=gpus_from_sizes([CTX + 40 * MIB]), gpu_reserve=0)
     r = max_context(m, LaunchSettings(parallel=1), budget)
     assert r.fits
     n = r.footprint.settings.n_ctx
     assert 256 <= n < BIG_CTX
     assert not check(m, LaunchSettings(parallel=1, ctx_size=n + 256), budget).fits
     gpu = r.footprint.device("GPU0")
-    assert gpu.total <= 40 * MIB
+    assert gpu.total <= CTX + 40 * MIB
 
 
 def test_reserve_is_left_free() -> None:
     m = meta()
     no_reserve = max_context(
-        m, LaunchSettings(parallel=1), Budget(gpus=gpus_from_sizes([40 * MIB]), gpu_reserve=0)
+        m, LaunchSettings(parallel=1), Budget(gpus=gpus_from_sizes([CTX + 40 * MIB]), gpu_reserve=0)
     )
     reserve = max_context(
         m,
         LaunchSettings(parallel=1),
-        Budget(gpus=gpus_from_sizes([40 * MIB]), gpu_reserve=10 * MIB),
+        Budget(gpus=gpus_from_sizes([CTX + 40 * MIB]), gpu_reserve=10 * MIB),
     )
     assert reserve.footprint.settings.n_ctx < no_reserve.footprint.settings.n_ctx
-    assert reserve.footprint.device("GPU0").total <= 30 * MIB
+    assert reserve.footprint.device("GPU0").total <= CTX + 30 * MIB
 
 
 def test_does_not_fit_is_a_result_with_reason_and_nearest() -> None:
     m = meta()
-    budget = Budget(gpus=gpus_from_sizes([300_000]), gpu_reserve=0)
+    budget = Budget(gpus=gpus_from_sizes([CTX + 300_000]), gpu_reserve=0)
     r = max_context(m, LaunchSettings(parallel=1), budget)
     assert not r.fits
     assert r.reason is not None
@@ -92,7 +95,7 @@ def test_host_budget_is_checked() -> None:
 
 def test_slots_and_kv_types() -> None:
     m = meta()
-    budget = Budget(gpus=gpus_from_sizes([40 * MIB]), gpu_reserve=0)
+    budget = Budget(gpus=gpus_from_sizes([CTX + 40 * MIB]), gpu_reserve=0)
     slots = max_slots(m, LaunchSettings(), budget, ctx_per_slot=4096)
     assert slots.fits
     assert slots.footprint.settings.n_seq >= 2
@@ -111,7 +114,7 @@ def test_slots_and_kv_types() -> None:
 @given(mib=st.integers(2, 200), reserve=st.integers(0, 8))
 def test_a_plan_that_fits_never_exceeds_its_budget(mib: int, reserve: int) -> None:
     m = meta()
-    budget = Budget(gpus=gpus_from_sizes([mib * MIB]), gpu_reserve=reserve * MIB)
+    budget = Budget(gpus=gpus_from_sizes([CTX + mib * MIB]), gpu_reserve=reserve * MIB)
     r = max_context(m, LaunchSettings(parallel=1), budget)
     chosen = r.nearest if not r.fits and r.nearest else r.settings
     final = check(m, replace(chosen), budget)
@@ -129,7 +132,7 @@ def test_max_context_matches_a_scan_of_every_context() -> None:
 
     m = mk(context_length=16384)
     for mib in (3, 5, 9):
-        budget = Budget(gpus=gpus_from_sizes([mib * MIB]), gpu_reserve=0)
+        budget = Budget(gpus=gpus_from_sizes([CTX + mib * MIB]), gpu_reserve=0)
         found = max_context(m, LaunchSettings(parallel=1), budget)
         fitting = [
             k

@@ -1,0 +1,566 @@
+"""GPU compute buffers: ggml-backend's scheduler replayed over the graphs of `core.compute`.
+
+With a GPU, llama.cpp does not allocate one compute buffer for the graph `core.compute`
+replays on the CPU: `ggml_backend_sched` (ggml/src/ggml-backend.cpp) gives every node a
+backend, cuts the graph into splits that run on one backend each, copies every tensor a split
+reads from another backend into that split's buffer, lets the backend reorder each split
+(`graph_optimize`), and then one ggml-alloc walk over that split graph fills one buffer per
+backend (`sched_reserve: Vulkan0 compute buffer size`, `Vulkan_Host compute buffer size`).
+This module replays those steps for one local GPU and the host:
+
+- pass 1: the graph's inputs (tokens, positions, masks, KV indices...) go to the CPU, a node
+  that reads a weight runs where the weight is, except that a GPU takes over ops on host
+  weights whose batch is at least 32 rows (`offload_op`: matmuls of CPU layers or of
+  `--cpu-moe` experts during a prompt), copying the weight into its compute buffer; a view
+  runs with what it views (writes into a host KV cache run on the CPU);
+- pass 2: the remaining nodes take the backend of their GPU neighbours, then of any neighbour;
+- pass 5: splits at every change of backend, and before a node that needs a copy of another
+  host weight (so that the previous weight copy can be freed); each tensor read across
+  backends is copied once, at the start of the split that first reads it;
+- Vulkan reorders each of its splits (`ggml_vk_graph_optimize`: independent nodes within 20
+  of each other run together, fusable chains are kept); CUDA does not by default
+  (`GGML_CUDA_GRAPH_OPT=1` turns its reordering on);
+- ggml-alloc then walks the split graph: the graph's inputs are allocated first (in host
+  memory), each copy when its split starts, everything freed after its last reader.
+
+Checked against a real H200 (Vulkan, docs/gpu/gpu_check.json): every launch with all layers
+on the GPU comes out at the logged GPU compute buffer to the printed 0.01 MiB (dense, MoE,
+MLA, sliding-window, hybrid recurrent; 1k-32k tokens, 1-4 slots, 4B-30B headers), except
+Mamba-2 (0.02 MiB low). Partial offload (`-ngl N`, `--cpu-moe`) charges each node that needs a
+host weight a copy of the largest host weight of its kind in that layer, so those are bounds
+from above. A gated-delta-net model (qwen3next, qwen35) with recurrent layers in host memory
+makes llama.cpp turn its fused chunked kernel off; the unfused graph it runs instead is not
+laid out here and its buffer comes out above this estimate.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from qmgui.core.compute import (
+    _INPLACE_OPS,
+    _T,
+    _Arena,
+    _Builder,
+    _dims,
+    _Graph,
+    _is_embedding,
+    _layout,
+    _nbytes,
+    _reserve_shapes,
+    _same_layout,
+)
+from qmgui.core.errors import SizingError
+from qmgui.core.launch import Resolved
+from qmgui.core.meta import ModelMeta
+
+__all__ = ["Offload", "SchedBytes", "sched_compute_bytes"]
+
+GPU, HOST = 0, 1
+# ggml_backend_{cuda,vk}_device_offload_op: a GPU takes over an op on host weights from this
+# many rows (op_offload_min_batch_size, GGML_OP_OFFLOAD_MIN_BATCH)
+OFFLOAD_MIN_BATCH = 32
+# buffer alignments: Vulkan's minStorageBufferOffsetAlignment (16 on NVIDIA, 64 the largest a
+# driver reports), CUDA's 128; pinned host buffers (minMemoryMapAlignment) 64
+ALIGNMENT = {"vulkan": 64, "cuda": 128}
+DEFAULT_ALIGNMENT = 128
+HOST_ALIGNMENT = 64
+
+_VIEW_OPS = frozenset({"view", "reshape", "permute", "transpose"})
+_EMPTY = _VIEW_OPS | {"none"}
+_BLK = re.compile(r"^blk\.(\d+)\.")
+_EXPERTS = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch)?exps")
+_INPUT_TENSORS = frozenset({"token_embd.weight", "position_embd.weight", "token_types.weight"})
+
+
+@dataclass(frozen=True)
+class Offload:
+    """Where one launch keeps its weights and caches, as the scheduler sees it: one GPU (of
+    `backend`'s kind) and the host."""
+
+    backend: str = "cuda"
+    host_layers: frozenset[int] = frozenset()  # layers whose weights stay in host memory
+    host_experts: frozenset[int] = frozenset()  # layers whose expert tensors do
+    host_caches: frozenset[int] = frozenset()  # layers whose KV cache / recurrent state do
+    output_on_host: bool = False  # the output layer (-ngl 0)
+
+    @property
+    def reorders(self) -> bool:
+        return self.backend == "vulkan"
+
+
+@dataclass(frozen=True)
+class SchedBytes:
+    gpu: int
+    host: int
+    notes: tuple[str, ...] = field(default=())
+
+
+def sched_compute_bytes(
+    meta: ModelMeta, r: Resolved, offload: Offload, *, embeddings: bool | None = None
+) -> SchedBytes:
+    """The compute buffers of one GPU and of the host for this launch (see the module doc).
+    Raises SizingError where `core.compute` has no layout for the architecture."""
+    if meta.n_layer <= 0 or meta.n_embd <= 0:
+        raise SizingError(f"{meta.name}: no layer count or embedding width in the header")
+    embd = _is_embedding(meta) if embeddings is None else embeddings
+    key = (id(meta), r, offload, embd)
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0] is meta:
+        return hit[1]
+    build, margin = _layout(meta)
+    d = _dims(meta, r, embd)
+    if offload.host_layers or offload.host_experts or offload.host_caches:
+        # a copy lives from the first split that reads it to its last reader: which layers
+        # those are depends on the whole stack, so it is built whole (_replay_layers' shortcut
+        # holds for one allocator, not for copies across backends)
+        d = replace(d, layers=tuple(range(meta.n_layer)))
+    sizes = _host_weight_sizes(meta)
+    gpu = host = 0
+    for shape in _reserve_shapes(r, embd):
+        b = _Builder(d, shape)
+        build(b)
+        g_peak, h_peak = _walk(b.g, offload, sizes, meta.n_layer)
+        gpu, host = max(gpu, g_peak), max(host, h_peak)
+    if margin != 1.0:
+        gpu, host = math.ceil(gpu * margin), math.ceil(host * margin)
+    notes: list[str] = []
+    if meta.architecture in _GDN_ARCHS and offload.host_caches & _recurrent_layers(meta):
+        notes.append(
+            "recurrent layers in host memory: llama.cpp turns its fused gated-delta-net "
+            "kernel off and the unfused graph needs a larger GPU compute buffer than planned"
+        )
+    result = SchedBytes(gpu, host, tuple(notes))
+    if len(_CACHE) >= 256:
+        _CACHE.clear()
+    _CACHE[key] = (meta, result)
+    return result
+
+
+_CACHE: dict[tuple[object, ...], tuple[ModelMeta, SchedBytes]] = {}
+_GDN_ARCHS = frozenset({"qwen3next", "qwen35", "qwen35moe"})
+
+
+def _recurrent_layers(meta: ModelMeta) -> frozenset[int]:
+    return frozenset(il for il, rec in enumerate(meta.recurrent_layers) if rec)
+
+
+# --- what a copy of a host weight costs ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Sizes:
+    """The largest weight of each (layer, expert?) in the file's own types: a node that reads a
+    host weight gets a copy of the largest one of its kind in its layer (the replayed graph
+    does not name its weights)."""
+
+    largest: dict[tuple[int, bool], int]
+
+
+_SIZES: dict[int, tuple[ModelMeta, _Sizes]] = {}
+
+
+def _host_weight_sizes(meta: ModelMeta) -> _Sizes:
+    hit = _SIZES.get(id(meta))
+    if hit is not None and hit[0] is meta:
+        return hit[1]
+    largest: dict[tuple[int, bool], int] = {}
+    for t in meta.tensors:
+        m = _BLK.match(t.name)
+        if t.name in _INPUT_TENSORS:
+            layer = -1
+        elif m is None or int(m.group(1)) >= meta.n_layer:
+            layer = meta.n_layer
+        else:
+            layer = int(m.group(1))
+        k = (layer, _EXPERTS.search(t.name) is not None)
+        largest[k] = max(largest.get(k, 0), t.nbytes)
+    if meta.tied_embeddings:  # the output matmul reads token_embd (copied to the output device)
+        embd = next((t.nbytes for t in meta.tensors if t.name == "token_embd.weight"), 0)
+        k = (meta.n_layer, False)
+        largest[k] = max(largest.get(k, 0), embd)
+    sizes = _Sizes(largest)
+    if len(_SIZES) >= 32:
+        _SIZES.clear()
+    _SIZES[id(meta)] = (meta, sizes)
+    return sizes
+
+
+# --- pass 1 to 5 --------------------------------------------------------------------------------
+
+
+def _batch(t: _T) -> int:
+    """get_op_batch_size (ggml-cuda.cu, ggml-vulkan.cpp): the rows an op works on."""
+    if t.op == "get_rows":
+        return 0
+    if t.op == "mul_mat":
+        return t.ne[1]
+    if t.op in ("mul_mat_id", "rope"):
+        return t.ne[2]
+    return t.ne[1] * t.ne[2] * t.ne[3]
+
+
+def _external_backend(t: _T, o: Offload, n_layer: int) -> int:
+    """Where a weight or cache lives: token embeddings on the host, the output layer on the
+    GPU unless -ngl 0, a layer's weights (its experts) and caches as the launch placed them."""
+    if t.is_weight:
+        if t.layer < 0:
+            return HOST
+        if t.layer >= n_layer:
+            return HOST if o.output_on_host else GPU
+        if t.layer in o.host_layers or (t.expert and t.layer in o.host_experts):
+            return HOST
+        return GPU
+    return HOST if t.layer in o.host_caches else GPU
+
+
+def _supported(t: _T, b: int, o: Offload) -> bool:
+    """ggml_backend_supports_op where it matters here: Vulkan's SSM scan has kernels for
+    states of 128 and 256 only (ggml_vk_op_get_pipeline); the CPU runs everything."""
+    if b == HOST or o.backend != "vulkan":
+        return True
+    return not (t.op == "ssm_scan" and t.src[0].ne[0] not in (128, 256))
+
+
+def _assign(g: _Graph, o: Offload, n_layer: int) -> dict[int, int]:
+    """Passes 1-4 of ggml_backend_sched_split_graph: a backend per tensor (by id)."""
+    be: dict[int, int] = {}
+    for leaf in g.leafs:  # graph inputs go to the CPU ("1.inp")
+        be[id(leaf)] = _external_backend(leaf, o, n_layer) if leaf.external else HOST
+    for t in g.nodes:
+        b = _pass1(t, o, n_layer)
+        if b is not None:
+            be[id(t)] = b
+    real = [t for t in g.nodes if t.op not in _VIEW_OPS]
+    for order, gpu_only in ((real, True), (real[::-1], True), (real, False), (real[::-1], False)):
+        _expand(order, be, o, gpu_only=gpu_only)
+    for t in real:  # pass 3: what no neighbour could take runs where it is supported
+        if id(t) not in be and not _supported(t, GPU, o):
+            be[id(t)] = HOST
+    for t in g.nodes:  # pass 4: views with what they view; anything left (no GPU node) on the CPU
+        if id(t) not in be:
+            root = t.view_src
+            be[id(t)] = be.get(id(root), HOST) if root is not None else HOST
+    return be
+
+
+def _pass1(t: _T, o: Offload, n_layer: int) -> int | None:
+    """ggml_backend_sched_backend_id_from_cur for a node, or None (decided later)."""
+    root = t.view_src
+    if root is not None:  # "1.vsrc": views of weights and caches, writes into caches
+        return _external_backend(root, o, n_layer) if root.external else None
+    if t.op in ("rope", "flash_attn_ext"):
+        return None  # their small weights (rope factors, sinks) do not choose
+    for s in t.src:
+        if s.external and s.is_weight:
+            wb = _external_backend(s, o, n_layer)
+            if wb == HOST and _batch(t) >= OFFLOAD_MIN_BATCH and _supported(t, GPU, o):
+                wb = GPU  # "1.off": the GPU copies the weight and runs the op
+            # else where the weight is, if that backend runs the op (nobody else can read it)
+            return wb if _supported(t, wb, o) else None
+    return None
+
+
+def _expand(order: Sequence[_T], be: dict[int, int], o: Offload, *, gpu_only: bool) -> None:
+    """Pass 2: unassigned nodes take the backend of the node before them in `order` (the GPU
+    only, skipping CPU nodes, in the first two sweeps)."""
+    cur = -1
+    for t in order:
+        b = be.get(id(t), -1)
+        if b != -1:
+            cur = -1 if gpu_only and b == HOST else b
+        elif cur != -1 and _supported(t, cur, o):
+            be[id(t)] = cur
+
+
+@dataclass
+class _Split:
+    backend: int
+    start: int
+    end: int = 0
+    inputs: list[tuple[_T, _T]] = field(default_factory=list)  # (source, its copy)
+
+
+def _split(g: _Graph, be: dict[int, int], sizes: _Sizes) -> list[_Split]:
+    """Pass 5: splits, and one copy of every tensor read from the other backend, made at the
+    start of the first split that reads it (the readers are rewired to the copy)."""
+    nodes = g.nodes
+    splits: list[_Split] = []
+    copies: dict[tuple[int, int], _T] = {}
+    cur: _Split | None = None
+    for i, t in enumerate(nodes):
+        if t.op in _VIEW_OPS:
+            continue
+        b = be[id(t)]
+        new = cur is None or b != cur.backend
+        if not new and cur is not None and cur.inputs:
+            # a weight from the other backend: a new split frees the previous weight copies
+            new = any(s.is_weight and be.get(id(s), HOST) != b for s in t.src)
+        if new:
+            if cur is not None:
+                cur.end = i
+            cur = _Split(b, i if splits else 0)
+            splits.append(cur)
+        assert cur is not None
+        srcs = list(t.src)
+        for j, s in enumerate(srcs):
+            if be.get(id(s), HOST) == b:
+                continue
+            cp = copies.get((id(s), b))
+            if cp is None:
+                cp = _copy_of(s, t, sizes)
+                be[id(cp)] = b
+                copies[(id(s), b)] = cp
+                cur.inputs.append((s, cp))
+            srcs[j] = cp
+        t.src = tuple(srcs)
+    if cur is not None:
+        cur.end = len(nodes)
+    return splits
+
+
+def _copy_of(s: _T, reader: _T, sizes: _Sizes) -> _T:
+    """ggml_dup_tensor_layout of a source read across backends: a weight in its file type
+    (the largest of its kind in its layer), anything else in its own layout."""
+    if s.is_weight:
+        if reader.op in ("mul_mat", "mul_mat_id"):
+            n = sizes.largest.get((s.layer, s.expert), 0) or _nbytes(s)
+        else:  # norm weights and biases: F32 vectors
+            n = s.nelements * 4
+        return _T("i8", (n,))
+    return _T(s.type, s.ne, nb=s.nb)
+
+
+# --- ggml_vk_graph_optimize ---------------------------------------------------------------------
+
+# fusion patterns the reordering keeps together (ggml-vulkan.cpp, topk_moe_* and snake)
+_PATTERNS = (
+    ("soft_max", "reshape", "argsort", "view", "get_rows", "reshape", "sum_rows", "clamp", "div",
+     "reshape"),
+    ("unary", "reshape", "add", "argsort", "view", "get_rows", "reshape", "sum_rows", "clamp",
+     "div", "reshape"),
+    ("unary", "sqrt", "reshape", "add", "argsort", "view", "get_rows", "reshape", "sum_rows",
+     "clamp", "div", "reshape"),
+    ("soft_max", "reshape", "argsort", "view", "get_rows"),
+    ("argsort", "view", "get_rows", "reshape", "soft_max", "reshape"),
+    ("mul", "sin", "sqr", "mul", "add"),
+)  # fmt: skip
+# a node may follow its source at once when the two fuse
+_FUSE = frozenset(
+    {
+        ("rms_norm", "mul"),
+        ("mul_mat", "add"),
+        ("mul_mat_id", "add_id"),
+        ("mul_mat_id", "mul"),
+        ("add", "add"),
+        ("ssm_conv", "add"),
+        ("ssm_conv", "unary"),
+    }
+)
+_WINDOW = 20
+
+
+def _is_src_of(dst: _T, src: _T) -> bool:
+    if any(s is src for s in dst.src):
+        return True
+    return (dst.view_src or dst) is (src.view_src or src)  # views of the same tensor
+
+
+def _vk_reorder(nodes: Sequence[_T]) -> list[_T]:  # noqa: C901 - one loop, as upstream
+    """ggml_vk_graph_optimize: from the first unscheduled node, pull forward the nodes within
+    the next 20 that depend on nothing unscheduled (or only on the node before them when the
+    two fuse), with the RoPE and KV-cache write that follow a norm, then the views whose
+    sources are scheduled."""
+    n = len(nodes)
+    used = [False] * n
+    done: set[int] = set()
+    out: list[_T] = []
+
+    def match(p: tuple[str, ...], at: int) -> bool:
+        return at + len(p) <= n and all(
+            nodes[at + k].op == p[k] and not used[at + k] for k in range(len(p))
+        )
+
+    first = 0
+    while first < n:
+        kept = next((p for p in _PATTERNS if match(p, first)), None)
+        if kept is not None:
+            for k in range(first, first + len(kept)):
+                out.append(nodes[k])
+                done.add(id(nodes[k]))
+                used[k] = True
+            while first < n and used[first]:
+                first += 1
+            continue
+        cur = [first]
+        end = min(first + _WINDOW, n)
+        for j in range(first + 1, end):
+            t = nodes[j]
+            if used[j] or t.op in _EMPTY or any(match(p, j) for p in _PATTERNS):
+                continue
+            if any(
+                not used[c]
+                and _is_src_of(t, nodes[c])
+                and not (j == c + 1 and c == cur[-1] and (nodes[c].op, t.op) in _FUSE)
+                for c in range(first, j)
+            ):
+                continue
+            cur.append(j)
+            _pull_followers(nodes, j, cur, used, done)
+        if nodes[cur[-1]].op != "add":
+            for j in range(first + 1, end):
+                if used[j] or nodes[j].op not in _EMPTY:
+                    continue
+                if not any(
+                    not used[c] and _is_src_of(nodes[j], nodes[c]) and c not in cur
+                    for c in range(first, j)
+                ):
+                    cur.append(j)
+        for c in cur:
+            out.append(nodes[c])
+            done.add(id(nodes[c]))
+            used[c] = True
+        while first < n and used[first]:
+            first += 1
+    return out
+
+
+def _pull_followers(
+    nodes: Sequence[_T], j: int, cur: list[int], used: list[bool], done: set[int]
+) -> None:
+    """The nodes ggml_vk_graph_optimize schedules right after node j when it fuses with
+    them: the RoPE of a normed Q/K and its KV-cache write, the bias add and scale of an
+    expert matmul, a second add, the activation of a biased SSM conv."""
+    n = len(nodes)
+    t = nodes[j]
+
+    def pull(k: int) -> None:
+        cur.append(k)
+        used[k] = True
+
+    def find(test: Callable[[_T], bool], stop: int, start: int = j + 1) -> int:
+        return next((k for k in range(start, min(stop, n)) if test(nodes[k])), -1)
+
+    k_rope = j
+    if t.op == "mul" and nodes[j - 1].op == "rms_norm":
+        k = find(
+            lambda x: (
+                x.op == "rope"
+                and x.src[0] is t
+                and x.src[1].op == "none"
+                and (len(x.src) < 3 or x.src[2].op == "none")
+            ),
+            j + 15,
+        )
+        if k != -1:
+            k_rope = k
+            pull(k)
+    if nodes[k_rope].op == "rope":
+        rope = nodes[k_rope]
+        k_view = find(lambda x: x.op == "view" and x.src[0] is rope, k_rope + 10, k_rope + 1)
+        if k_view != -1:
+            view = nodes[k_view]
+            k_set = find(lambda x: x.op == "set_rows" and x.src[0] is view, k_rope + 10, k_view + 1)
+            if k_set != -1:
+                pull(k_view)
+                pull(k_set)
+    follow = {"add_id": ("mul_mat_id", "mul"), "add": ("mul_mat", "add")}.get(t.op)
+    if follow is not None and nodes[j - 1].op == follow[0]:
+        k = find(
+            lambda x: (
+                x.op == follow[1]
+                and x.src[0] is t
+                and (x.src[1].op == "none" or id(x.src[1]) in done)
+            ),
+            j + 15,
+        )
+        if k != -1:
+            pull(k)
+    if t.op == "add" and nodes[j - 1].op == "ssm_conv":
+        k = find(lambda x: x.op == "unary" and x.src[0] is t, j + 15)
+        if k != -1:
+            pull(k)
+
+
+# --- ggml-alloc over the split graph ------------------------------------------------------------
+
+
+def _walk(g: _Graph, o: Offload, sizes: _Sizes, n_layer: int) -> tuple[int, int]:
+    """(GPU, host) high-water marks of ggml_gallocr_alloc_graph_impl over the split graph."""
+    be = _assign(g, o, n_layer)
+    seq = _sequence(g, be, _split(g, be, sizes), o)
+    arenas = (_Arena(ALIGNMENT.get(o.backend, DEFAULT_ALIGNMENT)), _Arena(HOST_ALIGNMENT))
+
+    def arena(t: _T) -> _Arena:
+        return arenas[be.get(id(t), HOST)]
+
+    for leaf in g.leafs:
+        _alloc(arena(leaf), leaf)
+    for t in seq:
+        if t.view_src is not None and t.op != "none":
+            t.view_src.n_views += 1
+        for s in t.src:
+            s.n_children += 1
+    for t in seq:
+        for s in t.src:
+            _alloc(arena(t), s)
+        _alloc(arena(t), t)
+        for p in t.src:
+            _release(p, arena)
+    return arenas[GPU].max_size, arenas[HOST].max_size
+
+
+def _release(p: _T, arena: Callable[[_T], _Arena]) -> None:
+    """A reader of `p` has run: free it (or what it views) after its last reader."""
+    p.n_children -= 1
+    if p.n_children or p.n_views or (p.view_src is not None and p.op == "none"):
+        return
+    root = p.view_src
+    if root is None:
+        if p.allocated:
+            _free(arena(p), p)
+        return
+    root.n_views -= 1
+    if root.n_views == 0 and root.n_children == 0 and root.allocated:
+        _free(arena(root), root)
+
+
+def _sequence(g: _Graph, be: dict[int, int], splits: Sequence[_Split], o: Offload) -> list[_T]:
+    """The scheduler's graph copy: per split, each input's source dependency and its copy,
+    then the split's nodes (reordered on Vulkan)."""
+    seq: list[_T] = []
+    for sp in splits:
+        for src, cp in sp.inputs:
+            # input_dep keeps the source alive until it is copied (a GGML_OP_NONE view of it)
+            dep = _T(src.type, src.ne, op="none", src=(src,), view_src=src, nb=src.nb)
+            be[id(dep)] = be.get(id(src), HOST)
+            seq += (dep, cp)
+        part = g.nodes[sp.start : sp.end]
+        seq += _vk_reorder(part) if sp.backend == GPU and o.reorders else part
+    return seq
+
+
+def _alloc(arena: _Arena, t: _T) -> None:
+    """ggml_gallocr_allocate_node: in place over a dying parent if allowed, else best fit."""
+    if t.external or t.allocated or t.view_src is not None:
+        return
+    t.allocated = True
+    if t.op in _INPLACE_OPS:
+        for p in t.src:
+            if not p.allocated or p.is_output or not _same_layout(t, p):
+                continue
+            if p.n_children == 1 and p.n_views == 0:
+                t.offset = p.offset
+                p.allocated = False
+                return
+    t.offset = arena.alloc(_nbytes(t))
+
+
+def _free(arena: _Arena, t: _T) -> None:
+    if t.is_output:
+        return
+    arena.free(t.offset, _nbytes(t))
+    t.allocated = False
