@@ -23,14 +23,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from qmgui.engines.llama_run import find_llama_server  # noqa: E402
 from tests.synth._mmproj import write_mmproj  # noqa: E402
 from tests.synth.factory import FULL_SIZE_PRESETS, PRESETS, write_gguf  # noqa: E402
 
 # (file name, args after --screenshot FILE --models DIR)
 SHOTS: dict[str, list[str]] = {
-    "main-1280x800.png": ["--what-if", "2× RTX 3090", "--select", "qwen3-30b", "--size", "1280x800"],
-    "main-1920x1080.png": ["--what-if", "RTX 4090", "--select", "llama3-8b", "--size", "1920x1080"],
-    "does-not-fit.png": ["--what-if", "RTX 3060 12 GB", "--select", "gemma3-12b", "--ctx", "131072"],
+    "main-1280x800.png": ["--what-if", "2× RTX 3090", "--select", "qwen3-30b"],
+    "main-1920x1080.png": ["--what-if", "RTX 4090", "--select", "llama3-8b", "--size",
+                           "1920x1080"],
+    "does-not-fit.png": ["--what-if", "RTX 3060 12 GB", "--select", "gemma3-12b", "--ctx",
+                         "131072"],
     "moe-offload.png": ["--what-if", "RTX 3060 12 GB", "--select", "qwen3-30b"],
     "dark.png": ["--what-if", "2× RTX 4090", "--select", "qwen3-4b", "--theme", "dark"],
     "engine-running.png": ["--select", "tiny-llama", "--start", "--size", "1280x800"],
@@ -86,8 +89,6 @@ def main() -> int:
         env["QMGUI_CONFIG_DIR"] = str(Path(tmp) / "config")  # nothing of the user's is read
         env["XDG_CACHE_HOME"] = str(Path(tmp) / "cache")
         models = build_models(Path(tmp))
-        from qmgui.engines.llama_run import find_llama_server
-
         exe = find_llama_server()
         if exe is not None:  # the registry the pictures show: the test engine, ★ for llm
             add = [*qmgui, "backends", "add", "llama-vulkan", "--kind", "llama", "--exe", exe,
