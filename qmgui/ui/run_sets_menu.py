@@ -129,19 +129,23 @@ class ModelActions:
         self.pin.setChecked(entry is not None and self.fleet.is_pinned(entry.id))
 
     def _toggle_favourite(self) -> None:
-        entry = self._current()
-        if entry is None:
-            return
-        now = self.fleet.toggle_favourite(entry.id)
-        words = "is a favourite now: the tray can start it" if now else "is no longer a favourite"
-        notify.info(f"{entry.name} {words}", source=SOURCE)
-        self.sync()
+        self._toggle(
+            self.fleet.toggle_favourite,
+            "is a favourite now: the tray can start it",
+            "is no longer a favourite",
+        )
 
     def _toggle_pin(self) -> None:
+        self._toggle(
+            self.fleet.toggle_pinned,
+            "is pinned: qmgui never stops it to make room",
+            "is no longer pinned",
+        )
+
+    def _toggle(self, toggle: Callable[[str], bool], on: str, off: str) -> None:
         entry = self._current()
         if entry is None:
             return
-        now = self.fleet.toggle_pinned(entry.id)
-        words = "is pinned: qmgui never stops it to make room" if now else "is no longer pinned"
-        notify.info(f"{entry.name} {words}", source=SOURCE)
+        now = toggle(entry.id)
+        notify.info(f"{entry.name} {on if now else off}", source=SOURCE)
         self.sync()

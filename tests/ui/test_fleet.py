@@ -186,3 +186,26 @@ def test_engines_share_the_bars_and_a_start_stops_what_the_budget_says(  # type:
     finally:
         runner.stop_all()
         runner.wait()
+
+
+def test_model_actions_toggle_the_current_model(qtbot) -> None:  # type: ignore[no-untyped-def]
+    from qmgui.core.discovery import ModelEntry
+    from qmgui.ui.run_sets_menu import ModelActions
+
+    fleet, store = fleet_with(qtbot, {})
+    parent = QWidget()
+    qtbot.addWidget(parent)
+    current: list[ModelEntry | None] = [None]
+    actions = ModelActions(fleet, lambda: current[0], parent)
+    actions.sync()
+    assert not actions.favourite.isEnabled()
+    current[0] = ModelEntry("/m/a.gguf", "/m/a.gguf", "a", "gguf", "folder", 1)
+    actions.sync()
+    assert actions.favourite.isEnabled() and not actions.favourite.isChecked()
+    actions.favourite.trigger()
+    actions.pin.trigger()
+    assert store.settings.favourites == ["/m/a.gguf"]
+    assert store.settings.pinned == ["/m/a.gguf"]
+    assert actions.favourite.isChecked() and actions.pin.isChecked()
+    actions.pin.trigger()
+    assert store.settings.pinned == []
