@@ -186,3 +186,17 @@ def test_a_bare_number_is_a_card_not_bytes(models: Path) -> None:
     assert code == 0
     (gpu, _cpu) = json.loads(out)["devices"]
     assert gpu["name"] == "GPU0 (RTX 4090)"
+
+
+def test_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
+    """`qmgui scan | head -1`: the reader leaves early; no traceback, the shell's SIGPIPE
+    status (141)."""
+
+    class ClosedPipe(io.StringIO):
+        def write(self, s: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    write_gguf(tmp_path / "m.gguf", PRESETS["llama"])
+    err = io.StringIO()
+    assert main(["scan", str(tmp_path)], out=ClosedPipe(), err=err) == 141
+    assert "Traceback" not in err.getvalue()

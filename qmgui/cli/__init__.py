@@ -8,8 +8,10 @@ the notifier and are printed on stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
+import os
 import pkgutil
 import sys
 from collections.abc import Sequence
@@ -17,6 +19,8 @@ from types import ModuleType
 from typing import TextIO
 
 from qmgui import __version__, notify
+
+EXIT_BROKEN_PIPE = 141  # what a shell reports for a program ended by SIGPIPE (128 + 13)
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -69,5 +73,13 @@ def main(
             )
             args = parser.parse_args(["scan"])
         return int(args.func(args, out))
+    except BrokenPipeError:
+        # the reader went away (`qmgui scan | head`): what it wanted was printed; stop quietly
+        # and keep Python from complaining about the flush of the closed stdout at exit
+        if out is sys.stdout:
+            with contextlib.suppress(OSError, ValueError):
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     finally:
         unsubscribe()
