@@ -90,6 +90,52 @@ def _settings(meta: ModelMeta) -> list[tuple[str, list[str], Any]]:
     return rows
 
 
+def _row(label: str, s: Any, *extra: str, **change: Any) -> tuple[str, list[str], Any]:
+    return (label, [*s.args, *extra], replace(s.settings, **change) if change else s.settings)
+
+
+def _holdout_tiny(meta: ModelMeta) -> list[tuple[str, list[str], Any]]:
+    """Settings the calibration run (`_settings`) did not try, for a check on unseen launches:
+    flash attention off, longer contexts, other ubatches, other partial offloads."""
+    n = meta.n_layer
+    fa_off = setting("fa=off c=4096", c=4096, fa="off")
+    ub = setting("c=4096 ub=256", c=4096, ub=256)
+    rows = [
+        _row("h ngl=all fa=off c=4096", fa_off, "-ngl", "999"),
+        _row("h ngl=all c=4096 ub=256", ub, "-ngl", "999"),
+        _row(f"h ngl={n} c=4096 ub=256", ub, "-ngl", str(n), n_gpu_layers=n),
+    ]
+    if meta.n_expert:
+        d = setting("default")
+        rows.append(
+            _row("h ngl=all n-cpu-moe=1", d, "-ngl", "999", "--n-cpu-moe", "1", n_cpu_moe=1)
+        )
+    return rows
+
+
+def _holdout_full(meta: ModelMeta) -> list[tuple[str, list[str], Any]]:
+    """Unseen launches of the full-size models: partial offload (-ngl about half), flash
+    attention off, a larger ubatch, --n-cpu-moe."""
+    half = meta.n_layer // 2
+    c8 = setting("c=8192", c=8192)
+    rows = [
+        _row(f"h ngl={half} c=8192", c8, "-ngl", str(half), n_gpu_layers=half),
+        _row("h ngl=all c=8192 fa=off", setting("c=8192 fa=off", c=8192, fa="off"), "-ngl", "999"),
+        _row(
+            "h ngl=all c=16384 ub=1024", setting("c=16384 ub=1024", c=16384, ub=1024), "-ngl", "999"
+        ),
+    ]
+    if meta.n_expert:
+        rows.append(
+            _row(f"h ngl=all c=8192 n-cpu-moe={half}", c8, "-ngl", "999", "--n-cpu-moe", str(half),
+                 n_cpu_moe=half)
+        )  # fmt: skip
+    return rows
+
+
+PLANS = {"standard": (_settings, _full_settings), "holdout": (_holdout_tiny, _holdout_full)}
+
+
 class Sampler:
     """Polls NVML's used memory on one card every few ms; `peak()` since the last `reset()`."""
 
@@ -285,6 +331,8 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--arch", action="append", help="repeatable; default: a spread")
     ap.add_argument("--full", action="append", help="full-size sparse models; default: 4")
     ap.add_argument("--no-full", action="store_true")
+    ap.add_argument("--plan", choices=sorted(PLANS), default="standard",
+                    help="holdout: settings the standard run did not try")  # fmt: skip
     ap.add_argument("--tiny-deadline", type=float, default=150.0)
     return ap.parse_args(argv)
 
@@ -325,18 +373,19 @@ def _engine_version(binary: str) -> list[str]:
 def _launches(a: argparse.Namespace, tmp: Path) -> Iterator[tuple[bool, Launch]]:
     """(tiny, launch) for every model and setting: the tiny architectures, then the
     full-size sparse models."""
-    models = [(p, _settings) for p in write_models(a.arch or ARCHS, tmp).values()]
+    tiny_plan, full_plan = PLANS[a.plan]
+    models = [(p, tiny_plan) for p in write_models(a.arch or ARCHS, tmp).values()]
     if not a.no_full:
         from tests.synth.factory import FULL_SIZE_PRESETS, write_gguf
 
         models += [
-            (write_gguf(tmp / f"{n}.gguf", FULL_SIZE_PRESETS[n], sparse=True), _full_settings)
+            (write_gguf(tmp / f"{n}.gguf", FULL_SIZE_PRESETS[n], sparse=True), full_plan)
             for n in (a.full or FULL)
         ]
     for path, plan in models:
         meta = meta_from_gguf(read_gguf_header(path), file_name=path.name)
         for label, args, ls in plan(meta):
-            yield plan is _settings, Launch(path, meta, label, tuple(args), ls)
+            yield plan is tiny_plan, Launch(path, meta, label, tuple(args), ls)
 
 
 def _run_all(a: argparse.Namespace, rig: Rig, t0: float, rows: list[dict[str, Any]]) -> None:

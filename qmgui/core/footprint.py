@@ -577,12 +577,7 @@ def _one_gpu(
             f"{gpu.name} compute buffer: llama.cpp's scheduler replayed, not measured on "
             f"{'this backend' if s.kv_offload else 'a KV cache in host memory'}"
         )
-    host = found.host
-    if not host_layers and (kv_layers(meta) or meta.is_recurrent):
-        # every layer on the GPU: the fitted inputs' formula is a floor (its rounding is the
-        # larger by a few KiB; the walk also counts ops the GPU has no kernel for)
-        host = max(host, host_inputs_bytes(meta, r))
-    return {gpu.name: gpu_bytes, CPU: host}
+    return {gpu.name: gpu_bytes, CPU: found.host}
 
 
 # below the 0.01 MiB a buffer line prints: positions, output ids and such, per mask (fitted)

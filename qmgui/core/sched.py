@@ -153,11 +153,23 @@ def _recurrent_layers(meta: ModelMeta) -> frozenset[int]:
 
 @dataclass(frozen=True)
 class _Sizes:
-    """The largest weight of each (layer, expert?) in the file's own types: a node that reads a
-    host weight gets a copy of the largest one of its kind in its layer (the replayed graph
-    does not name its weights)."""
+    """Bytes of each weight in the file's own types, by (layer, expert?, shape): the replayed
+    graph knows its weights by layer and shape only; where a shape is missing (an
+    architecture's optional tensors), the largest weight of its kind in that layer."""
 
+    by_shape: dict[tuple[int, bool, tuple[int, ...]], int]
     largest: dict[tuple[int, bool], int]
+
+    def of(self, t: _T) -> int:
+        n = self.by_shape.get((t.layer, t.expert, _shape(t.ne)))
+        return n if n is not None else self.largest.get((t.layer, t.expert), 0) or _nbytes(t)
+
+
+def _shape(ne: Sequence[int]) -> tuple[int, ...]:
+    out = list(ne)
+    while len(out) > 1 and out[-1] == 1:
+        out.pop()
+    return tuple(out)
 
 
 _SIZES: dict[int, tuple[ModelMeta, _Sizes]] = {}
@@ -167,7 +179,14 @@ def _host_weight_sizes(meta: ModelMeta) -> _Sizes:
     hit = _SIZES.get(id(meta))
     if hit is not None and hit[0] is meta:
         return hit[1]
+    by_shape: dict[tuple[int, bool, tuple[int, ...]], int] = {}
     largest: dict[tuple[int, bool], int] = {}
+
+    def put(layer: int, expert: bool, shape: Sequence[int], nbytes: int) -> None:
+        k = (layer, expert, _shape(shape))
+        by_shape[k] = max(by_shape.get(k, 0), nbytes)
+        largest[k[:2]] = max(largest.get(k[:2], 0), nbytes)
+
     for t in meta.tensors:
         m = _BLK.match(t.name)
         if t.name in _INPUT_TENSORS:
@@ -176,13 +195,10 @@ def _host_weight_sizes(meta: ModelMeta) -> _Sizes:
             layer = meta.n_layer
         else:
             layer = int(m.group(1))
-        k = (layer, _EXPERTS.search(t.name) is not None)
-        largest[k] = max(largest.get(k, 0), t.nbytes)
-    if meta.tied_embeddings:  # the output matmul reads token_embd (copied to the output device)
-        embd = next((t.nbytes for t in meta.tensors if t.name == "token_embd.weight"), 0)
-        k = (meta.n_layer, False)
-        largest[k] = max(largest.get(k, 0), embd)
-    sizes = _Sizes(largest)
+        put(layer, _EXPERTS.search(t.name) is not None, t.shape, t.nbytes)
+        if t.name == "token_embd.weight" and meta.tied_embeddings:
+            put(meta.n_layer, False, t.shape, t.nbytes)  # the output matmul reads it
+    sizes = _Sizes(by_shape, largest)
     if len(_SIZES) >= 32:
         _SIZES.clear()
     _SIZES[id(meta)] = (meta, sizes)
@@ -323,13 +339,11 @@ def _split(g: _Graph, be: dict[int, int], sizes: _Sizes) -> list[_Split]:
 
 
 def _copy_of(s: _T, reader: _T, sizes: _Sizes) -> _T:
-    """ggml_dup_tensor_layout of a source read across backends: a weight in its file type
-    (the largest of its kind in its layer), anything else in its own layout."""
+    """ggml_dup_tensor_layout of a source read across backends: a weight in its file type,
+    anything else in its own layout."""
     if s.is_weight:
-        if reader.op in ("mul_mat", "mul_mat_id"):
-            n = sizes.largest.get((s.layer, s.expert), 0) or _nbytes(s)
-        else:  # norm weights and biases: F32 vectors
-            n = s.nelements * 4
+        # matrices in their file type; norm weights and biases are F32 vectors
+        n = sizes.of(s) if reader.op in ("mul_mat", "mul_mat_id") else s.nelements * 4
         return _T("i8", (n,))
     return _T(s.type, s.ne, nb=s.nb)
 
