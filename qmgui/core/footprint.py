@@ -71,10 +71,11 @@ REPACK_ALIGNMENT = 256  # per-tensor padding bound in repack buffers (see _repac
 #   and moves between driver versions: smaller cards and other drivers take less or more, and
 #   llama.cpp's CUDA backend adds cuBLAS and its kernels on first use, which this does not
 #   count. ROCm (the CUDA backend on HIP) is charged the same, unmeasured.
-# - vulkan: llama-server's peak on the card (NVML) less its logged GPU buffers, 53.6-55.5 MiB
-#   over 50 launches of tiny to 30B models (docs/gpu/gpu_check.json): 56 MiB.
+# - vulkan: llama-server's peak on the card (NVML) less its logged GPU buffers, 53.6-56.5 MiB
+#   over 90 launches of tiny to 30B models (docs/gpu/gpu_check.json, docs/gpu/holdout): 57 MiB.
+#   (One more launch, qwen3next with recurrent layers on the CPU, took 127.6 MiB.)
 # Other backends (metal, a CPU rpc-server) are not charged.
-CONTEXT_BYTES: dict[str, int] = {"cuda": 528 * MIB, "vulkan": 56 * MIB}
+CONTEXT_BYTES: dict[str, int] = {"cuda": 528 * MIB, "vulkan": 57 * MIB}
 
 
 def context_bytes(gpu: Gpu) -> int:
@@ -202,6 +203,18 @@ class _Placed:
     nbytes: int
     file_index: int
     cuda_nbytes: int  # what a CUDA buffer allocates for it (quantized rows padded)
+    # an SSM scan's A whose state size Vulkan has no kernel for: llama.cpp keeps it on the CPU
+    # when the layer is on a Vulkan GPU (weight_buft_supported: no device supports the op)
+    vulkan_cpu: bool = False
+
+
+_A_NOSCAN = frozenset({"qwen3next", "qwen35", "qwen35moe", "kimi-linear"})
+
+
+def _scan_state(meta: ModelMeta, t: TensorEntry) -> int:
+    """The state size llama.cpp's loader tries an SSM scan with for this A tensor."""
+    first = t.shape[0] if t.shape else 1
+    return (meta.ssm.state_size if meta.ssm else 0) if first == 1 else first
 
 
 _TABLES: dict[int, tuple[ModelMeta, tuple[_Placed, ...]]] = {}
@@ -213,6 +226,10 @@ def _table(meta: ModelMeta) -> tuple[_Placed, ...]:
     if hit is not None and hit[0] is meta:
         return hit[1]
     rows = []
+    # Vulkan's SSM scan has kernels for states of 128 and 256 values (ggml-vulkan.cpp); the
+    # loader tries the scan with A's first dimension, or the header's state size when that is
+    # 1 (Mamba-2); gated-delta-net models use their A in a multiplication (SSM_A_NOSCAN)
+    vk_scan_cpu = meta.ssm is not None and meta.architecture not in _A_NOSCAN
     for t in meta.tensors:
         m = _BLK.match(t.name)
         if t.name in INPUT_TENSORS:
@@ -223,7 +240,18 @@ def _table(meta: ModelMeta) -> tuple[_Placed, ...]:
             role, layer = _LAYER, int(m.group(1))
         expert = role == _LAYER and _EXPERTS.search(t.name) is not None
         rows.append(
-            _Placed(role, layer, expert, t.offset, t.nbytes, t.file_index, _cuda_alloc_size(t))
+            _Placed(
+                role,
+                layer,
+                expert,
+                t.offset,
+                t.nbytes,
+                t.file_index,
+                _cuda_alloc_size(t),
+                vulkan_cpu=vk_scan_cpu
+                and t.name.endswith(".ssm_a")
+                and _scan_state(meta, t) not in (128, 256),
+            )
         )
     table = tuple(rows)
     if len(_TABLES) >= _TABLES_KEPT:
@@ -267,6 +295,8 @@ def _weights(
             dev = CPU
         else:
             dev = layer_dev[t.layer]
+        if t.vulkan_cpu and backends.get(dev) == "vulkan":
+            dev = CPU
         if dev == CPU and s.mmap:
             lo_hi = cpu_spans.setdefault(t.file_index, [t.offset, t.offset + t.nbytes])
             lo_hi[0] = min(lo_hi[0], t.offset)
