@@ -39,6 +39,7 @@ if [ -f "$APP/installed-files" ]; then  # an older install: drop its menu entry 
 fi
 rm -rf "$APP"
 mv "$APP.new" "$APP"
+mkdir -p "$BIN"  # again: removing the old install's launcher may have removed an empty BIN
 
 manifest=$APP/installed-files
 : >"$manifest"
@@ -65,9 +66,6 @@ put "$here/share/metainfo/qmgui.metainfo.xml" "$DATA/metainfo/qmgui.metainfo.xml
 for f in "$here"/share/icons/hicolor/*/apps/qmgui.*; do
   put "$f" "$DATA/icons/hicolor/${f#"$here"/share/icons/hicolor/}"
 done
-if command -v update-desktop-database >/dev/null 2>&1; then
-  update-desktop-database -q "$DATA/applications" 2>/dev/null || true
-fi
 touch "$DATA/icons/hicolor" 2>/dev/null || true  # icon theme caches notice the change
 
 echo "qmgui installed in $APP"

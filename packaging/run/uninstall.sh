@@ -22,9 +22,6 @@ while IFS= read -r f; do
   while [ "$d" != "$PREFIX" ] && [ "$d" != / ] && rmdir "$d" 2>/dev/null; do d=$(dirname "$d"); done
 done <"$APP/installed-files"
 $files_only && exit 0
-if command -v update-desktop-database >/dev/null 2>&1; then
-  update-desktop-database -q "${XDG_DATA_HOME:-$HOME/.local/share}/applications" 2>/dev/null || true
-fi
 rm -rf "$APP"
 rmdir "$(dirname "$APP")" 2>/dev/null || true
 if $purge; then
