@@ -636,6 +636,8 @@ def render_markdown(result: MatrixResult, *, command: str) -> str:
         "raised); repacked weight copies (AMX) are listed apart and not in `model`. With",
         "repacking on, `model` is `ok (bound)` when the plan bounds both the mapped span and",
         "span + copies (the plan reports every CPU matmul weight as a possible copy).",
+        "- on a GPU: `docs/accuracy-gpu.md` (recorded H200 runs re-predicted by today's code, "
+        "`bench/gpu_table.py`).",
         "",
         "| buffer | pass | upper bound | fail | not compared |",
         "|---|---|---|---|---|",

@@ -17,9 +17,12 @@ from qmgui.core.launch import CTX_PAD, LaunchSettings
 from qmgui.core.meta import ModelMeta
 from qmgui.core.units import MIB, format_bytes
 
-# Per-GPU headroom left unplanned: the CUDA/ROCm context, cuBLAS workspaces and pools that the
-# engine allocates outside its logged buffers (SIZING.md: the "unaccounted" column of the
-# memory breakdown is typically 300-500 MiB on CUDA), plus a desktop's display.
+# Per-GPU headroom left unplanned. The backend's context is in the plan now (each card's
+# `other`, footprint.CONTEXT_BYTES: 528 MiB for CUDA, measured bare on an H200), so this holds
+# what no load-time plan sees: CUDA's pool and cuBLAS workspaces growing with the first large
+# batches, fragmentation, a desktop's display growing. Kept at 512 MiB (docs/sizing.md, Fit):
+# before the context was charged, a big card's CUDA context alone ate all of it, run-time
+# growth is unmeasured, and llama.cpp's own --fit keeps 1024 MiB free beyond its context.
 DEFAULT_GPU_RESERVE = 512 * MIB
 MIN_CONTEXT = CTX_PAD  # the smallest context llama-server pads to
 KV_TYPE_LADDER = (("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"))
