@@ -129,9 +129,12 @@ def sched_compute_bytes(
         gpu, host = math.ceil(gpu * margin), math.ceil(host * margin)
     notes: list[str] = []
     if meta.architecture in _GDN_ARCHS and offload.host_caches & _recurrent_layers(meta):
+        extra = _unfused_delta_net_bound(meta, r, embd)
+        gpu += extra
         notes.append(
-            "recurrent layers in host memory: llama.cpp turns its fused gated-delta-net "
-            "kernel off and the unfused graph needs a larger GPU compute buffer than planned"
+            "recurrent layers in host memory: llama.cpp turns its fused gated-delta-net kernel "
+            "off; the unfused graph is not laid out, so the GPU compute buffer carries a bound "
+            f"of {extra / (1 << 20):.1f} MiB for it"
         )
     result = SchedBytes(gpu, host, tuple(notes))
     if len(_CACHE) >= 256:
@@ -142,6 +145,32 @@ def sched_compute_bytes(
 
 _CACHE: dict[tuple[object, ...], tuple[ModelMeta, SchedBytes]] = {}
 _GDN_ARCHS = frozenset({"qwen3next", "qwen35", "qwen35moe"})
+_CHUNK = 64  # build_delta_net_chunking's chunk size (16 for KDA, not used by these models)
+
+
+def _unfused_delta_net_bound(meta: ModelMeta, r: Resolved, embeddings: bool) -> int:
+    """What the unfused chunked delta net (llm_build_delta_net_base::build_delta_net_chunking,
+    which llama.cpp runs when a recurrent layer's state is in host memory) can add to the
+    fused graph's peak: every intermediate of one layer at once. Per prompt graph, with
+    H = value heads x sequences, T = tokens per sequence padded to chunks of 64: 7 square
+    chunk matrices (decay mask, K·Kβ, K·Q, the triangular solve's inputs and result; 64 x 64 x
+    chunks x H F32), 10 head-wide rows (padded Q, K, V, Kβ, Vβ, cumulative decay products,
+    transposes; head x T x H) and, per chunk, 5 head x 64 and 2 head x head blocks. On the H200
+    the tiny qwen3next came out 0.8-0.9 MiB above the fused graph where this adds 2.7-5.4 MiB:
+    a bound, not a measurement."""
+    ssm = meta.ssm
+    if ssm is None:
+        return 0
+    n_v = max(ssm.time_step_rank or 1, 1)
+    head = max(ssm.inner_size // n_v, ssm.state_size)
+    pp = _reserve_shapes(r, embeddings)[0]
+    h = n_v * pp.n_seqs
+    per_seq = -(-pp.n_tokens // pp.n_seqs)
+    chunks = -(-per_seq // _CHUNK)
+    square = _CHUNK * _CHUNK * chunks * h * 4
+    rows = head * chunks * _CHUNK * h * 4
+    per_chunk = (5 * head * _CHUNK + 2 * head * head) * h * 4
+    return 7 * square + 10 * rows + chunks * per_chunk
 
 
 def _recurrent_layers(meta: ModelMeta) -> frozenset[int]:

@@ -66,10 +66,11 @@ def test_gpu_compute(
 ) -> None:
     r = replayed[(run, model, setting)]
     verdict = r.verdicts["gpu compute"]
-    if verdict == "under" and r.known:
+    if verdict == "under" and r.known and not r.bound:
         pytest.xfail(r.known)
     g = r.predicted.device(r.device).compute
-    assert verdict in ("exact", "within"), (verdict, g, r.gpu_measured("compute"))
+    allowed = ("exact", "within", "over") if r.bound else ("exact", "within")
+    assert verdict in allowed, (verdict, g, r.gpu_measured("compute"))
 
 
 def test_the_context_charge_covers_what_nvml_saw(replayed: dict[tuple[str, str, str], Any]) -> None:
@@ -77,7 +78,7 @@ def test_the_context_charge_covers_what_nvml_saw(replayed: dict[tuple[str, str, 
     the plan's `other` must cover it wherever the buffers themselves are right."""
     for r in replayed.values():
         if r.known or r.nvml_delta is None:
-            continue
+            continue  # the qwen3next bound row's backend took 128 MiB (docs/accuracy-gpu.md)
         other = r.predicted.device(r.device).other
         assert other >= r.nvml_delta - r.logged_gpu, (r.model, r.setting)
         assert r.predicted.device(r.device).total >= r.nvml_delta, (r.model, r.setting)
