@@ -23,14 +23,14 @@ This module replays those steps for one local GPU and the host:
 - ggml-alloc then walks the split graph: the graph's inputs are allocated first (in host
   memory), each copy when its split starts, everything freed after its last reader.
 
-Checked against a real H200 (Vulkan, docs/gpu/gpu_check.json): every launch with all layers
-on the GPU comes out at the logged GPU compute buffer to the printed 0.01 MiB (dense, MoE,
-MLA, sliding-window, hybrid recurrent; 1k-32k tokens, 1-4 slots, 4B-30B headers), except
-Mamba-2 (0.02 MiB low). Partial offload (`-ngl N`, `--cpu-moe`) charges each node that needs a
-host weight a copy of the largest host weight of its kind in that layer, so those are bounds
-from above. A gated-delta-net model (qwen3next, qwen35) with recurrent layers in host memory
+Checked against a real H200 (Vulkan, 91 launches: docs/accuracy-gpu.md, replayed by
+tests/core/test_gpu_replay.py): the GPU and the host buffer come out at the logged sizes to the
+printed 0.01 MiB with all layers on the GPU, with `-ngl N`, `--cpu-moe` and `--n-cpu-moe`
+(dense, MoE, MLA, sliding-window, hybrid; flash attention on and off; ubatch 256-1024; tiny
+models and 4B-30B headers), except a Mamba-2 whose SSM scan has no Vulkan kernel (0.02-0.04
+MiB low). A gated-delta-net model (qwen3next, qwen35) with recurrent layers in host memory
 makes llama.cpp turn its fused chunked kernel off; the unfused graph it runs instead is not
-laid out here and its buffer comes out above this estimate.
+laid out here, and a bound is added for it (`_unfused_delta_net_bound`).
 """
 
 from __future__ import annotations
