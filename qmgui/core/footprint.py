@@ -83,6 +83,17 @@ def context_bytes(gpu: Gpu) -> int:
     return CONTEXT_BYTES.get(gpu.backend, 0)
 
 
+def _context_note(gpus: Sequence[Gpu]) -> list[str]:
+    charged = sorted({(g.backend, context_bytes(g)) for g in gpus if context_bytes(g)})
+    if not charged:
+        return []
+    each = ", ".join(f"{format_bytes(n)} {b.upper()}" for b, n in charged)
+    return [
+        f"other: the GPU backend's own context on each card ({each}; measured on an H200, "
+        "other cards and drivers differ)"
+    ]
+
+
 @dataclass(frozen=True)
 class Gpu:
     """A GPU to plan for: a real card's reading or a what-if budget."""
@@ -466,6 +477,7 @@ def estimate(
             add(dev, "compute", n)
     for g in gpus:  # the backend's context on every card (0 for backends not charged)
         add(g.name, "other", context_bytes(g))
+    notes.extend(_context_note(gpus))
     repack = _repack_bound(meta, layer_dev, settings) if settings.repack else 0
     if repack:
         # which matmul weights a CPU repacks (AMX, AVX2/AVX-512 or NEON layouts) depends on
