@@ -166,6 +166,14 @@ Function .onInit
 FunctionEnd
 
 Section "Uninstall"
+  retry:
+  ClearErrors
+  Delete "$INSTDIR\${EXE}"
+  ${If} ${Errors}
+  ${AndIf} ${FileExists} "$INSTDIR\${EXE}"
+    MessageBox MB_RETRYCANCEL|MB_ICONEXCLAMATION "${APP} is running. Quit it (tray icon, Quit) and retry." /SD IDCANCEL IDRETRY retry
+    Abort "${APP} is running"
+  ${EndIf}
   !insertmacro RemoveProgramFiles
   Delete "$INSTDIR\uninstall.exe"
   RMDir "$INSTDIR"  ; only when empty: never anything the installer did not put there
