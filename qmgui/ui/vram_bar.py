@@ -33,7 +33,8 @@ SEGMENTS: dict[str, tuple[str, QColor]] = {
     "weights": ("Weights", QColor(66, 133, 244)),
     "kv": ("KV cache", QColor(245, 150, 40)),
     "compute": ("Compute", QColor(156, 95, 200)),
-    "other": ("Output, state, other", QColor(120, 144, 156)),
+    "other": ("Output, state", QColor(120, 144, 156)),
+    "context": ("Engine context", QColor(141, 110, 99)),
     "reserve": ("Reserve", QColor(190, 190, 190)),
 }
 # a second shade so that neighbouring engines stay apart
@@ -81,7 +82,8 @@ def _segments(d: DeviceFootprint) -> tuple[tuple[str, int], ...]:
         ("weights", d.weights),
         ("kv", d.kv),
         ("compute", d.compute),
-        ("other", d.output + d.recurrent + d.other),
+        ("other", d.output + d.recurrent),
+        ("context", d.other),  # the backend's own context on a GPU (docs/sizing.md)
     )
 
 
@@ -244,9 +246,9 @@ class VramBar(QWidget):
 class Legend(QLabel):
     """Colour swatches with their names, wrapped onto as many lines as the width needs (a
     word-wrapped label: its minimum width is one item, so it never widens the panel). The
-    running-engine and other-process swatches show only when a bar has them."""
+    running-engine, other-process and engine-context swatches show only when a bar has them."""
 
-    OPTIONAL = ("engines", "others")
+    OPTIONAL = ("engines", "others", "context")
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -314,6 +316,8 @@ class MemoryPanel(QWidget):
             present.append("engines")
         if any(spec.others for spec in specs):
             present.append("others")
+        if any(n for spec in specs for k, n in spec.segments if k == "context"):
+            present.append("context")
         if tuple(present) != tuple(k for k in self.legend.keys if k in Legend.OPTIONAL):
             self.legend.show_keys(present)
 
