@@ -7,7 +7,10 @@ import os
 import sys
 from collections.abc import Sequence
 
-WINDOW_FLAGS = ("--screenshot", "--models", "--what-if", "--select", "--size", "--minimized")
+WINDOW_FLAGS = (
+    "--screenshot", "--models", "--what-if", "--select", "--size", "--minimized", "--theme",
+    "--start", "--show", "--ctx",
+)  # fmt: skip
 
 
 def display_available(env: dict[str, str] | None = None, platform: str | None = None) -> bool:
@@ -28,6 +31,11 @@ def wants_window(argv: Sequence[str], *, display: bool) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args == ["--version"]:  # answered before any import: installers and scripts call it
+        from qmgui import __version__  # noqa: PLC0415
+
+        print(f"qmgui {__version__}")
+        return 0
     if wants_window(args, display=display_available()):
         from qmgui.app import run  # noqa: PLC0415 - Qt loads only for the window
 

@@ -20,6 +20,19 @@ def test_window_only_with_a_display_or_its_flags() -> None:
     assert not wants_window(["scan"], display=True)
     assert wants_window(["--screenshot", "x.png"], display=False)
     assert not wants_window(["scan", "--models"], display=True)
+    assert wants_window(["--theme", "dark"], display=True)
+
+
+def test_version_answers_without_loading_the_cli(capsys) -> None:  # type: ignore[no-untyped-def]
+    import sys
+
+    from qmgui import __version__
+    from qmgui.__main__ import main
+
+    loaded = set(sys.modules)
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"qmgui {__version__}"
+    assert "qmgui.cli.scan" in loaded or "qmgui.cli.scan" not in set(sys.modules) - loaded
 
 
 def test_screenshot_writes_a_png(tmp_path: Path, models: Path) -> None:
