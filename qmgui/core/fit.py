@@ -73,6 +73,16 @@ def check(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> FitResul
     return FitResult(True, settings, fp)
 
 
+def _fits(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> bool:
+    """`check(...).fits`, with the compute buffers (the expensive part of an estimate) only
+    where everything else fits: compute buffers are never negative, so a launch already over
+    a limit without them is over it with them. The searches below ask this of every
+    candidate; most of those far from the answer are settled without a compute buffer."""
+    if not _within(estimate(meta, settings, budget.gpus, compute=False), budget, {}):
+        return False
+    return check(meta, settings, budget).fits
+
+
 def largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
     """The largest x in [lo, hi] with ok(x), for ok monotone (true then false)."""
     if hi < lo or not ok(lo):
@@ -100,8 +110,8 @@ def max_context(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> Fi
     def at(k: int) -> LaunchSettings:
         return replace(settings, ctx_size=k * CTX_PAD)
 
-    def fits(k: int) -> bool:
-        return check(meta, at(k), budget).fits
+    def fits_at(k: int) -> bool:
+        return _fits(meta, at(k), budget)
 
     high = estimate(meta, at(top), budget.gpus)
     extra = {d.name: d.compute for d in high.devices}
@@ -111,16 +121,16 @@ def max_context(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> Fi
         return _within(fp, budget, extra)
 
     guess = largest(1, top, cheap_fits) or 1
-    if fits(guess):
+    if fits_at(guess):
         best: int | None = guess
         step = 1
-        while best is not None and best + step <= top and fits(best + step):
+        while best is not None and best + step <= top and fits_at(best + step):
             best += step
             step *= 2
         if best is not None and best < top:
-            best = largest(best, min(best + step, top), fits)
+            best = largest(best, min(best + step, top), fits_at)
     else:
-        best = largest(1, guess - 1, fits)
+        best = largest(1, guess - 1, fits_at)
     if best is None:
         smallest = check(meta, at(1), budget)
         nearest = _nearest_offload(meta, at(1), budget)
@@ -163,14 +173,14 @@ def _nearest_offload(
         # keep every layer on the GPU and move experts of the first N layers to the CPU
         def moe_ok(n: int) -> bool:
             cand = replace(settings, n_gpu_layers=n_total, n_cpu_moe=meta.n_layer - n)
-            return check(meta, cand, budget).fits
+            return _fits(meta, cand, budget)
 
         kept = largest(0, meta.n_layer, moe_ok)
         if kept is not None:
             return replace(settings, n_gpu_layers=n_total, n_cpu_moe=meta.n_layer - kept)
 
     def ngl_ok(n: int) -> bool:
-        return check(meta, replace(settings, n_gpu_layers=n), budget).fits
+        return _fits(meta, replace(settings, n_gpu_layers=n), budget)
 
     ngl = largest(0, n_total, ngl_ok)
     return None if ngl is None else replace(settings, n_gpu_layers=ngl)
@@ -184,7 +194,7 @@ def max_slots(
     def cand(n: int) -> LaunchSettings:
         return replace(settings, parallel=n, kv_unified=False, ctx_size=ctx_per_slot * n)
 
-    best = largest(1, most, lambda n: check(meta, cand(n), budget).fits)
+    best = largest(1, most, lambda n: _fits(meta, cand(n), budget))
     if best is None:
         one = check(meta, cand(1), budget)
         return replace(one, reason=f"not even one slot of {ctx_per_slot} tokens fits: {one.reason}")

@@ -31,27 +31,46 @@ models and 4B-30B headers), except a Mamba-2 whose SSM scan has no Vulkan kernel
 MiB low). A gated-delta-net model (qwen3next, qwen35) with recurrent layers in host memory
 makes llama.cpp turn its fused chunked kernel off; the unfused graph it runs instead is not
 laid out here, and a bound is added for it (`_unfused_delta_net_bound`).
+
+Like core.compute, each structure's walk is compiled once (the graph built with the KV cells
+as symbols, the walk recorded per buffer) and replayed per context in well under a
+millisecond; see "the walk compiled once per structure" below. `_peaks_plain` is the walk
+built for every context, the reference the compiled one must equal (and the fallback).
 """
 
 from __future__ import annotations
 
 import math
 import re
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from qmgui.core.compute import (
+    _CELLS,
+    _COEF_MAX,
     _INPLACE_OPS,
+    _SYM_U,
+    _SYM_V,
     _T,
+    _affine,
     _Arena,
+    _Build,
     _Builder,
     _dims,
     _Graph,
     _is_embedding,
     _layout,
     _nbytes,
+    _NotAffine,
+    _replay_layers,
     _reserve_shapes,
+    _run_best_fit,
     _same_layout,
+    _same_layout_symbolic,
+    _Shape,
+    _swa_cells,
 )
 from qmgui.core.errors import SizingError
 from qmgui.core.launch import Resolved
@@ -112,19 +131,7 @@ def sched_compute_bytes(
     if hit is not None and hit[0] is meta:
         return hit[1]
     build, margin = _layout(meta)
-    d = _dims(meta, r, embd)
-    if offload.host_layers or offload.host_experts or offload.host_caches:
-        # a copy lives from the first split that reads it to its last reader: which layers
-        # those are depends on the whole stack, so it is built whole (_replay_layers' shortcut
-        # holds for one allocator, not for copies across backends)
-        d = replace(d, layers=tuple(range(meta.n_layer)))
-    sizes = _host_weight_sizes(meta)
-    gpu = host = 0
-    for shape in _reserve_shapes(r, embd):
-        b = _Builder(d, shape)
-        build(b)
-        g_peak, h_peak = _walk(b.g, offload, sizes, meta.n_layer)
-        gpu, host = max(gpu, g_peak), max(host, h_peak)
+    gpu, host = _peaks(meta, r, offload, build, embd)
     if margin != 1.0:
         gpu, host = math.ceil(gpu * margin), math.ceil(host * margin)
     notes: list[str] = []
@@ -141,6 +148,32 @@ def sched_compute_bytes(
         _CACHE.clear()
     _CACHE[key] = (meta, result)
     return result
+
+
+def _layers(meta: ModelMeta, offload: Offload) -> tuple[int, ...]:
+    """The layers the graph is built with. With anything in host memory, a copy lives from
+    the first split that reads it to its last reader: which layers those are depends on the
+    whole stack, so it is built whole (_replay_layers' shortcut holds for one allocator, not
+    for copies across backends)."""
+    if offload.host_layers or offload.host_experts or offload.host_caches:
+        return tuple(range(meta.n_layer))
+    return _replay_layers(meta)
+
+
+def _peaks_plain(
+    meta: ModelMeta, r: Resolved, offload: Offload, build: _Build, embeddings: bool
+) -> tuple[int, int]:
+    """(GPU, host) peaks over the reserve graphs, the plain way: build each graph for this
+    context and walk it. The reference the compiled walk (_peaks) must equal."""
+    d = replace(_dims(meta, r, embeddings), layers=_layers(meta, offload))
+    sizes = _host_weight_sizes(meta)
+    gpu = host = 0
+    for shape in _reserve_shapes(r, embeddings):
+        b = _Builder(d, shape)
+        build(b)
+        g_peak, h_peak = _walk(b.g, offload, sizes, meta.n_layer)
+        gpu, host = max(gpu, g_peak), max(host, h_peak)
+    return gpu, host
 
 
 _CACHE: dict[tuple[object, ...], tuple[ModelMeta, SchedBytes]] = {}
@@ -531,32 +564,57 @@ def _pull_followers(
 # --- ggml-alloc over the split graph ------------------------------------------------------------
 
 
+class _ArenaLike(Protocol):
+    def alloc(self, size: int) -> int: ...
+    def free(self, offset: int, size: int) -> None: ...
+
+
 def _walk(g: _Graph, o: Offload, sizes: _Sizes, n_layer: int) -> tuple[int, int]:
     """(GPU, host) high-water marks of ggml_gallocr_alloc_graph_impl over the split graph."""
+    arenas = (_Arena(_gpu_alignment(o)), _Arena(HOST_ALIGNMENT))
+    _run_walk(g, o, sizes, n_layer, arenas=arenas, same=_same_layout)
+    return arenas[GPU].max_size, arenas[HOST].max_size
+
+
+def _gpu_alignment(o: Offload) -> int:
+    return ALIGNMENT.get(o.backend, DEFAULT_ALIGNMENT)
+
+
+def _run_walk(
+    g: _Graph,
+    o: Offload,
+    sizes: _Sizes,
+    n_layer: int,
+    *,
+    arenas: Sequence[_ArenaLike],
+    same: Callable[[_T, _T], bool],
+) -> None:
+    """Passes 1-5, the reordering and ggml-alloc's walk over the split graph, placing into
+    `arenas` (GPU, host); `same` decides _same_layout (the compiled walk records instead)."""
     be = _assign(g, o, n_layer)
     seq = _sequence(g, be, _split(g, be, sizes), o)
-    arenas = (_Arena(ALIGNMENT.get(o.backend, DEFAULT_ALIGNMENT)), _Arena(HOST_ALIGNMENT))
 
-    def arena(t: _T) -> _Arena:
+    def arena(t: _T) -> _ArenaLike:
         return arenas[be.get(id(t), HOST)]
 
     for leaf in g.leafs:
-        _alloc(arena(leaf), leaf)
+        _alloc(arena(leaf), leaf, same)
     for t in seq:
         if t.view_src is not None and t.op != "none":
             t.view_src.n_views += 1
         for s in t.src:
             s.n_children += 1
     for t in seq:
-        for s in t.src:
-            _alloc(arena(t), s)
-        _alloc(arena(t), t)
+        a = arenas[be.get(id(t), HOST)]
+        for s in t.src:  # _alloc's own first test, inline: most sources are placed already
+            if not (s.external or s.allocated or s.view_src is not None):
+                _alloc(a, s, same)
+        _alloc(a, t, same)
         for p in t.src:
             _release(p, arena)
-    return arenas[GPU].max_size, arenas[HOST].max_size
 
 
-def _release(p: _T, arena: Callable[[_T], _Arena]) -> None:
+def _release(p: _T, arena: Callable[[_T], _ArenaLike]) -> None:
     """A reader of `p` has run: free it (or what it views) after its last reader."""
     p.n_children -= 1
     if p.n_children or p.n_views or (p.view_src is not None and p.op == "none"):
@@ -586,24 +644,355 @@ def _sequence(g: _Graph, be: dict[int, int], splits: Sequence[_Split], o: Offloa
     return seq
 
 
-def _alloc(arena: _Arena, t: _T) -> None:
+def _alloc(arena: _ArenaLike, t: _T, same: Callable[[_T, _T], bool]) -> None:
     """ggml_gallocr_allocate_node: in place over a dying parent if allowed, else best fit."""
     if t.external or t.allocated or t.view_src is not None:
         return
     t.allocated = True
     if t.op in _INPLACE_OPS:
         for p in t.src:
-            if not p.allocated or p.is_output or not _same_layout(t, p):
-                continue
-            if p.n_children == 1 and p.n_views == 0:
+            # the layout test last: the symbolic one raises where a context could change it
+            if (
+                p.allocated
+                and not p.is_output
+                and p.n_children == 1
+                and p.n_views == 0
+                and same(t, p)
+            ):
                 t.offset = p.offset
                 p.allocated = False
                 return
     t.offset = arena.alloc(_nbytes(t))
 
 
-def _free(arena: _Arena, t: _T) -> None:
+def _free(arena: _ArenaLike, t: _T) -> None:
     if t.is_output:
         return
     arena.free(t.offset, _nbytes(t))
     t.allocated = False
+
+
+# --- the walk compiled once per structure -------------------------------------------------------
+#
+# As in core.compute ("the walk compiled once per graph structure"), a context changes no op,
+# source or view of the graphs, only the sizes of the tensors that span the KV cache, and
+# those linearly in u and v (cells of the full and the sliding-window cache, in units of
+# _CELLS). Nothing the scheduler decides reads those sizes: where a node runs depends on
+# where its weights and caches are and on its batch (rows of tokens, not cells), the splits
+# and the copies on the backends alone, Vulkan's reordering on ops and sources. So each
+# structure (everything but the cells, plus the offload) is built once with u and v as
+# symbols (core.compute's _SYM_U and _SYM_V), walked once with arenas that record instead of
+# place, and each later context costs one best-fit pass per arena over the recorded events
+# and the sizes read back as c + a*u + b*v.
+#
+# Guards, each falling back to the plain build and walk (_peaks_plain) for that structure for
+# good: a size that is not affine; an in-place decision a context could flip
+# (_same_layout_symbolic); a batch or SSM state that depends on the cells where the scheduler
+# compares it; a tensor freed in another arena than the one that placed it. The symbolic
+# graph must also be the graph built at the real context that first asked for it: the same
+# ops, sources, views and flags, and every shape and stride the symbolic one evaluated there.
+# tests/core/test_sched_compiled.py checks the compiled walk against the plain one over
+# contexts, offloads, flash attention and ubatch on tiny and full-size headers.
+
+
+def _peaks(
+    meta: ModelMeta, r: Resolved, offload: Offload, build: _Build, embeddings: bool
+) -> tuple[int, int]:
+    """(GPU, host) peaks over the reserve graphs: _peaks_plain's result, from the compiled
+    walk where the structure allows it."""
+    n_kv, n_kv_swa = r.n_ctx_seq, _swa_cells(meta, r)
+    if n_kv <= 0 or n_kv_swa <= 0 or n_kv % _CELLS or n_kv_swa % _CELLS:
+        return _peaks_plain(meta, r, offload, build, embeddings)
+    u, v = n_kv // _CELLS, n_kv_swa // _CELLS
+    layers, replay = _layers(meta, offload), _replay_layers(meta)
+    # everything the graphs depend on but the cells (core.compute._reserve_bytes' key)
+    structure = (
+        id(meta),
+        build,
+        embeddings,
+        layers,
+        r.n_stream,
+        r.kv_unified,
+        r.flash_attn,
+        r.cache_type_k,
+        r.cache_type_v,
+    )
+    gpu = host = 0
+    for shape in _reserve_shapes(r, embeddings):
+        graph_key = (*structure, shape)
+        key = (*graph_key, offload)
+        hit = _PROGRAMS.get(key)
+        prog: _Program | None = None
+        if hit is not None and hit[0] is meta:
+            prog = hit[1]
+        elif layers != replay or _seen_before(meta, graph_key):
+            prog = _compile(
+                meta,
+                r,
+                offload,
+                build=build,
+                embeddings=embeddings,
+                graph_key=graph_key,
+                shape=shape,
+            )
+            if len(_PROGRAMS) >= _PROGRAMS_KEPT:
+                _PROGRAMS.clear()
+            _PROGRAMS[key] = (meta, prog)
+        if prog is None:
+            d = replace(_dims(meta, r, embeddings), layers=layers)
+            b = _Builder(d, shape)
+            build(b)
+            g_peak, h_peak = _walk(b.g, offload, _host_weight_sizes(meta), meta.n_layer)
+        else:
+            g_peak, h_peak = prog.peaks(u, v, gpu, host)
+        gpu, host = max(gpu, g_peak), max(host, h_peak)
+    return gpu, host
+
+
+def _seen_before(meta: ModelMeta, graph_key: tuple[object, ...]) -> bool:
+    """Whether a graph structure was asked before. Compiling costs about two plain walks, so
+    a launch with every layer on the GPU, asked once (a library's fit badges: one launch per
+    model), is walked plainly, and compiled when it is asked again (a slider moved, the next
+    step of a fit search). Graphs built whole (anything in host memory) are compiled at once:
+    a fit search over -ngl or --n-cpu-moe asks one graph with many offloads, and they share
+    its symbolic build."""
+    for cache in (_GRAPHS, _SEEN):
+        hit = cache.get(graph_key)
+        if hit is not None and hit[0] is meta:
+            return True
+    if len(_SEEN) >= _PROGRAMS_KEPT:
+        _SEEN.clear()
+    _SEEN[graph_key] = (meta, None)
+    return False
+
+
+@dataclass(frozen=True)
+class _Program:
+    """One structure's walk over the split graph: per arena (GPU, host) its events (slot:
+    allocate, ~slot: free), and per slot its padded size, constant or, for `grows` (slot, c,
+    a, b, alignment), c + a*u + b*v bytes before padding."""
+
+    events: tuple[tuple[int, ...], tuple[int, ...]]
+    sizes: tuple[int, ...]
+    grows: tuple[tuple[int, int, int, int, int], ...]
+    totals: tuple[tuple[int, int, int], tuple[int, int, int]]  # per arena, a bound (c, a, b)
+
+    def peaks(self, u: int, v: int, gpu_floor: int = 0, host_floor: int = 0) -> tuple[int, int]:
+        """Each arena's high-water mark at u, v; 0 for an arena whose bound (no placement ends
+        beyond all its allocations together) cannot exceed its floor: it is not walked."""
+        need = [
+            c + a * u + b * v > floor
+            for (c, a, b), floor in zip(self.totals, (gpu_floor, host_floor), strict=True)
+        ]
+        if not any(need):
+            return 0, 0
+        sizes = list(self.sizes)
+        for slot, c, a, b, align in self.grows:
+            sizes[slot] = -(-(c + a * u + b * v) // align) * align
+        gpu = _run_best_fit(self.events[GPU], sizes) if need[GPU] else 0
+        host = _run_best_fit(self.events[HOST], sizes) if need[HOST] else 0
+        return gpu, host
+
+
+_PROGRAMS_KEPT = 512
+_PROGRAMS: dict[tuple[object, ...], tuple[ModelMeta, _Program | None]] = {}
+# symbolic graphs, by structure and shape: one per structure serves every offload (a fit
+# search tries many), restored between walks; None where it cannot stand for every context
+_GRAPHS_KEPT = 16
+_GRAPHS: dict[tuple[object, ...], tuple[ModelMeta, _SymGraph | None]] = {}
+_SEEN: dict[tuple[object, ...], tuple[ModelMeta, None]] = {}  # structures walked plainly once
+# a symbolic graph is walked in place (sources rewired, counters set): one compile at a time
+_COMPILING = threading.Lock()
+
+
+class _SymGraph:
+    """A graph built with u and v as symbols, and what a walk changes in it, to restore."""
+
+    def __init__(self, g: _Graph) -> None:
+        self.g = g
+        self.srcs = tuple(t.src for t in g.nodes)
+
+    def restore(self) -> None:
+        for t in self.g.leafs:
+            t.n_children = t.n_views = t.offset = 0
+            t.allocated = False
+        for t, src in zip(self.g.nodes, self.srcs, strict=True):
+            t.src = src
+            t.n_children = t.n_views = t.offset = 0
+            t.allocated = False
+
+
+class _Recorder:
+    """An arena that records instead of placing: each allocation a new slot (its size kept,
+    as a polynomial in the symbols), each free the slot's complement."""
+
+    def __init__(self, which: int, sizes: list[int], arena_of: list[int]) -> None:
+        self.which = which
+        self.sizes = sizes  # shared by both arenas: slots are numbered across them
+        self.arena_of = arena_of
+        self.events: list[int] = []
+
+    def alloc(self, size: int) -> int:
+        slot = len(self.sizes)
+        self.sizes.append(size)
+        self.arena_of.append(self.which)
+        self.events.append(slot)
+        return slot
+
+    def free(self, offset: int, size: int) -> None:
+        if self.arena_of[offset] != self.which or self.sizes[offset] != size:
+            raise _NotAffine  # not a walk two independent best-fit arenas can replay
+        self.events.append(~offset)
+
+
+def _compile(
+    meta: ModelMeta,
+    r: Resolved,
+    offload: Offload,
+    *,
+    build: _Build,
+    embeddings: bool,
+    graph_key: tuple[object, ...],
+    shape: _Shape,
+) -> _Program | None:
+    """Compile one structure's walk (None where a context could change more than sizes)."""
+    with _COMPILING:
+        hit = _GRAPHS.get(graph_key)
+        if hit is not None and hit[0] is meta:
+            graph = hit[1]
+        else:
+            graph = _sym_graph(
+                meta, r, build, embeddings=embeddings, layers=_layers(meta, offload), shape=shape
+            )
+            if len(_GRAPHS) >= _GRAPHS_KEPT:
+                _GRAPHS.clear()
+            _GRAPHS[graph_key] = (meta, graph)
+        if graph is None:
+            return None
+        sizes: list[int] = []
+        arena_of: list[int] = []
+        rec = (_Recorder(GPU, sizes, arena_of), _Recorder(HOST, sizes, arena_of))
+        try:
+            sizes_of = _host_weight_sizes(meta)
+            _run_walk(
+                graph.g, offload, sizes_of, meta.n_layer, arenas=rec, same=_same_layout_symbolic
+            )
+            return _program(rec, sizes, arena_of, (_gpu_alignment(offload), HOST_ALIGNMENT))
+        except _NotAffine:
+            return None
+        finally:
+            graph.restore()
+
+
+def _program(
+    rec: Sequence[_Recorder], sizes: Sequence[int], arena_of: Sequence[int], aligns: Sequence[int]
+) -> _Program:
+    fixed: list[int] = []
+    grows: list[tuple[int, int, int, int, int]] = []
+    totals = [[0, 0, 0], [0, 0, 0]]
+    for slot, (size, which) in enumerate(zip(sizes, arena_of, strict=True)):
+        c, a, b = _affine(size)
+        align = aligns[which]
+        total = totals[which]
+        if a or b:
+            if a < 0 or b < 0 or c + a + b < 0:
+                raise _NotAffine  # a size that shrinks with the context
+            grows.append((slot, c, a, b, align))
+            fixed.append(0)
+            total[0] += c + align - 1
+            total[1] += a
+            total[2] += b
+        else:
+            padded = -(-c // align) * align
+            fixed.append(padded)
+            total[0] += padded
+    g, h = totals
+    return _Program(
+        (tuple(rec[GPU].events), tuple(rec[HOST].events)),
+        tuple(fixed),
+        tuple(grows),
+        ((g[0], g[1], g[2]), (h[0], h[1], h[2])),
+    )
+
+
+def _sym_graph(
+    meta: ModelMeta,
+    r: Resolved,
+    build: _Build,
+    *,
+    embeddings: bool,
+    layers: tuple[int, ...],
+    shape: _Shape,
+) -> _SymGraph | None:
+    """The graph built with the cells as symbols, if it stands for every context: it must be
+    the graph built at this context (shapes and strides evaluated), and the scheduler must
+    not compare anything that grows with the cells."""
+    d = replace(_dims(meta, r, embeddings), layers=layers)
+    sym = _Builder(replace(d, n_kv=_CELLS * _SYM_U, n_kv_swa=_CELLS * _SYM_V), shape)
+    build(sym)
+    real = _Builder(d, shape)
+    build(real)
+    try:
+        if not _same_graph(sym.g, real.g, d.n_kv // _CELLS, d.n_kv_swa // _CELLS):
+            return None
+    except _NotAffine:
+        return None
+    for t in sym.g.nodes:
+        if t.op == "ssm_scan" and not _small(t.src[0].ne[0]):
+            return None  # _supported's test
+        if (
+            t.op not in ("rope", "flash_attn_ext")
+            and any(s.external and s.is_weight for s in t.src)
+            and not _small(_batch(t))
+        ):
+            return None  # _pass1's offload_op test
+    return _SymGraph(sym.g)
+
+
+def _small(x: int) -> bool:
+    """Free of the symbols: a value every context shares."""
+    return -_COEF_MAX < x < _COEF_MAX
+
+
+def _same_graph(sym: _Graph, real: _Graph, u: int, v: int) -> bool:
+    """Whether `real` is `sym` at u, v: the same tensors in the same order with the same ops,
+    types, flags, sources and views, and every shape and stride of `sym` evaluating to
+    `real`'s (shapes that grow: never below 1 at any context)."""
+    if len(sym.leafs) != len(real.leafs) or len(sym.nodes) != len(real.nodes):
+        return False
+    xs, ys = sym.leafs + sym.nodes, real.leafs + real.nodes
+    ix = {id(t): i for i, t in enumerate(xs)}
+    iy = {id(t): i for i, t in enumerate(ys)}
+    for x, y in zip(xs, ys, strict=True):
+        if (x.op, x.type, x.external, x.is_weight, x.is_output, x.layer, x.expert) != (
+            y.op,
+            y.type,
+            y.external,
+            y.is_weight,
+            y.is_output,
+            y.layer,
+            y.expert,
+        ):
+            return False
+        if len(x.src) != len(y.src) or any(
+            ix.get(id(a), -1) != iy.get(id(b), -2) for a, b in zip(x.src, y.src, strict=True)
+        ):
+            return False
+        if (x.view_src is None) != (y.view_src is None) or (
+            x.view_src is not None
+            and y.view_src is not None
+            and ix.get(id(x.view_src), -1) != iy.get(id(y.view_src), -2)
+        ):
+            return False
+        for xv, yv, grows in ((x.ne, y.ne, True), (x.nb, y.nb, False)):
+            if xv == yv:
+                continue
+            for p, q in zip(xv, yv, strict=True):
+                if p == q:
+                    continue
+                c, a, b = _affine(p)
+                if c + a * u + b * v != q:
+                    return False
+                if grows and (a < 0 or b < 0 or c + a + b < 1):
+                    return False
+    return True

@@ -1,0 +1,219 @@
+"""core.sched's compiled walk against the plain one.
+
+core.sched builds each scheduler structure once with the KV cells as symbols, records the
+ggml-alloc walk over its split graph and replays it per context (`_peaks`); `_peaks_plain`
+builds and walks the graph for every context, as the scheduler replay did before it was
+compiled, and is the reference. They must agree byte for byte, for the GPU and the host
+buffer, with each structure compiled at one context and replayed at the others, over every
+tiny architecture and the full-size headers: all layers on the GPU, about half (-ngl), none
+(-ngl 0), the KV cache in host memory (-nkvo), --cpu-moe and --n-cpu-moe; flash attention on
+and off; ubatches above and below the smallest context; Vulkan (reordering) and CUDA. The
+fit searches' shortcut (a candidate over a limit without its compute buffers is not sized
+further) must answer as the full check does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+
+from qmgui.core import sched
+from qmgui.core.compute import _Builder, _is_embedding, _layout
+from qmgui.core.errors import SizingError
+from qmgui.core.fit import Budget, _fits, check, gpus_from_sizes
+from qmgui.core.gguf_header import read_gguf_header
+from qmgui.core.launch import LaunchSettings, Resolved, resolve
+from qmgui.core.meta import ModelMeta, meta_from_gguf
+from qmgui.core.units import GIB
+from tests.synth.factory import FULL_SIZE_PRESETS, PRESETS, write_gguf, write_sparse_gguf
+
+_TINY_CELLS = (256, 512, 1280, 4096, 33024)  # per stream: below, at and far above the windows
+_FULL_CELLS = (256, 4352, 33024)
+
+
+@pytest.fixture(scope="module")
+def metas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModelMeta]:
+    root = tmp_path_factory.mktemp("sched-models")
+    out: dict[str, ModelMeta] = {}
+    for key, spec in PRESETS.items():
+        path = write_gguf(root / f"{key}.gguf", spec)
+        out[key] = meta_from_gguf(read_gguf_header(path), file_name=path.name)
+    for key, spec in FULL_SIZE_PRESETS.items():
+        path = write_sparse_gguf(root / f"{key}.gguf", spec)
+        out[key] = meta_from_gguf(read_gguf_header(path), file_name=path.name)
+    return out
+
+
+@pytest.fixture
+def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Empty compile caches: every structure is compiled in the test that uses it."""
+    monkeypatch.setattr(sched, "_PROGRAMS", {})
+    monkeypatch.setattr(sched, "_GRAPHS", {})
+    monkeypatch.setattr(sched, "_CACHE", {})
+    monkeypatch.setattr(sched, "_SEEN", {})
+
+
+def _offloads(meta: ModelMeta, backend: str) -> list[sched.Offload]:
+    n = meta.n_layer
+    every = frozenset(range(n))
+    half = frozenset(range(n // 2))  # -ngl: the first layers stay in host memory
+    out = [
+        sched.Offload(backend),
+        sched.Offload(backend, host_layers=half, host_caches=half),
+        sched.Offload(backend, host_layers=every, host_caches=every, output_on_host=True),
+        sched.Offload(backend, host_caches=every),  # -nkvo
+    ]
+    if meta.is_moe:
+        out.append(sched.Offload(backend, host_experts=every))  # --cpu-moe
+        out.append(sched.Offload(backend, host_experts=frozenset(range(max(n // 3, 1)))))
+    return out
+
+
+_Grid = tuple[tuple[str, int, int | None], ...]  # flash attention, ubatch, slots (None: auto)
+
+
+def _launches(
+    meta: ModelMeta, cells: tuple[int, ...], grid: _Grid
+) -> Iterator[tuple[tuple[str, int, int | None], list[Resolved]]]:
+    """Per (flash attention, ubatch, slots): the launch at each cell count per stream."""
+    embd = _is_embedding(meta)
+    for fa, ub, slots in grid:
+        runs = []
+        for c in cells:
+            n = slots or 1
+            s = LaunchSettings(
+                ctx_size=c * n, flash_attn=fa, ubatch_size=ub, parallel=slots, kv_unified=False
+            )
+            try:
+                runs.append(resolve(meta, s, embeddings=embd))
+            except SizingError:
+                continue  # a combination the engine refuses
+        if runs:
+            yield (fa, ub, slots), runs
+
+
+def _check_model(
+    meta: ModelMeta, cells: tuple[int, ...], grid: _Grid, backends: tuple[str, ...]
+) -> int:
+    build, _ = _layout(meta)
+    embd = _is_embedding(meta)
+    checked = 0
+    for backend in backends:
+        for offload in _offloads(meta, backend):
+            for what, runs in _launches(meta, cells, grid):
+                for r in runs:
+                    fast = sched._peaks(meta, r, offload, build, embd)
+                    plain = sched._peaks_plain(meta, r, offload, build, embd)
+                    assert fast == plain, (meta.name, backend, offload, what, r.n_ctx_seq)
+                    checked += 1
+    progs = [p for m, p in sched._PROGRAMS.values() if m is meta]
+    assert progs
+    assert all(p is not None for p in progs), f"{meta.name}: a structure fell back"
+    # two graphs a launch: compiled once, replayed at the other contexts
+    assert len(progs) < 2 * checked
+    return checked
+
+
+@pytest.mark.parametrize("key", sorted(PRESETS))
+@pytest.mark.usefixtures("fresh")
+def test_compiled_walk_equals_the_plain_one_on_tiny_models(
+    metas: dict[str, ModelMeta], key: str
+) -> None:
+    meta = metas[key]
+    try:
+        _layout(meta)
+    except SizingError:
+        pytest.skip("no compute layout")
+    grid = (("on", 512, None), ("off", 512, None), ("on", 64, None), ("off", 32, 2))
+    assert _check_model(meta, _TINY_CELLS, grid, ("vulkan", "cuda")) > 50
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", sorted(FULL_SIZE_PRESETS))
+@pytest.mark.usefixtures("fresh")
+def test_compiled_walk_equals_the_plain_one_on_full_size_headers(
+    metas: dict[str, ModelMeta], key: str
+) -> None:
+    grid: _Grid = (("on", 512, None), ("off", 512, None))
+    if key in ("qwen3-4b", "llama3-8b"):  # the smaller headers carry the rest of the grid
+        grid += (("on", 256, None), ("off", 1024, 2))
+    backends = ("vulkan", "cuda") if key == "qwen3-4b" else ("vulkan",)
+    assert _check_model(metas[key], _FULL_CELLS, grid, backends) > 20
+
+
+@pytest.mark.usefixtures("fresh")
+def test_the_public_answer_is_the_plain_one(metas: dict[str, ModelMeta]) -> None:
+    """sched_compute_bytes (margin, notes, its result cache) over the compiled walk."""
+    meta = metas["qwen3next"]  # gated delta net: notes and the unfused bound on top
+    build, margin = _layout(meta)
+    every = frozenset(range(meta.n_layer))
+    for offload in (sched.Offload("vulkan"), sched.Offload("vulkan", host_caches=every)):
+        for c in _TINY_CELLS:
+            r = resolve(meta, LaunchSettings(ctx_size=c))
+            got = sched.sched_compute_bytes(meta, r, offload)
+            gpu, host = sched._peaks_plain(meta, r, offload, build, False)
+            extra = sched._unfused_delta_net_bound(meta, r, False) if offload.host_caches else 0
+            assert (got.gpu, got.host) == (gpu + extra, host)
+            assert margin == 1.0
+            assert bool(got.notes) == bool(offload.host_caches)
+
+
+def _quadratic(b: _Builder) -> None:
+    """A graph with a tensor n_kv x n_kv: not affine in the cells."""
+    g = b.g
+    square = g.op("scale", g.input("f32", b.d.n_kv, b.d.n_kv // 256))
+    g.expand(g.mul_mat(g.weight(square.ne[0], 8), square))
+
+
+def _batch_of_cells(b: _Builder) -> None:
+    """A matmul on a weight whose batch is the cells: where it runs depends on the context
+    (offload_op's 32 rows), so its structure cannot be compiled."""
+    g = b.g
+    x = g.op("scale", g.input("f32", 64, b.d.n_kv // 256))
+    g.expand(g.mul_mat(g.weight(64, 8), x))
+
+
+def _affine_graph(b: _Builder) -> None:
+    g = b.g
+    wide = g.op("scale", g.input("f32", b.d.n_kv, 4))
+    g.expand(g.mul_mat(g.weight(b.d.n_kv, 8), g.op("add", wide, wide)))
+
+
+@pytest.mark.usefixtures("fresh")
+def test_structures_a_context_could_change_fall_back_to_the_plain_walk(
+    metas: dict[str, ModelMeta],
+) -> None:
+    meta = metas["llama"]
+    offloads = (sched.Offload("vulkan"), sched.Offload("vulkan", host_layers=frozenset({0})))
+    for build, compiled in ((_quadratic, False), (_batch_of_cells, False), (_affine_graph, True)):
+        for offload in offloads:
+            for cells in (256, 1024, 8192, 32768):
+                r = resolve(meta, LaunchSettings(ctx_size=cells))
+                fast = sched._peaks(meta, r, offload, build, False)
+                assert fast == sched._peaks_plain(meta, r, offload, build, False)
+        progs = [p for key, (_, p) in sched._PROGRAMS.items() if build in key]
+        assert progs
+        assert all((p is not None) == compiled for p in progs), build.__name__
+
+
+@pytest.mark.parametrize("key", ["qwen3-30b-a3b", "gemma3-12b"])
+def test_the_fit_shortcut_answers_as_the_full_check(metas: dict[str, ModelMeta], key: str) -> None:
+    """fit._fits settles a candidate over a limit without its compute buffers: the searches
+    must get the answer check() gives, on both sides of every limit."""
+    meta = metas[key]
+    n = meta.n_layer
+    answers = set()
+    for size in (8, 12, 16):
+        budget = Budget(gpus=gpus_from_sizes([size * GIB]), host_bytes=24 * GIB)
+        for ctx in (4096, 32768):
+            base = LaunchSettings(ctx_size=ctx)
+            cands = [replace(base, n_gpu_layers=k) for k in range(0, n + 2, 4)]
+            if meta.is_moe:
+                cands += [replace(base, n_gpu_layers=n + 1, n_cpu_moe=k) for k in range(0, n, 4)]
+            for s in cands:
+                want = check(meta, s, budget).fits
+                assert _fits(meta, s, budget) == want, (size, s)
+                answers.add(want)
+    assert answers == {True, False}
