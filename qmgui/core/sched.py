@@ -794,11 +794,11 @@ class _Program:
         return gpu, host
 
 
-_PROGRAMS_KEPT = 512
+_PROGRAMS_KEPT = 256  # a full-size MoE stack: ~0.1 MB a program
 _PROGRAMS: dict[tuple[object, ...], tuple[ModelMeta, _Program | None]] = {}
 # symbolic graphs, by structure and shape: one per structure serves every offload (a fit
 # search tries many), restored between walks; None where it cannot stand for every context
-_GRAPHS_KEPT = 16
+_GRAPHS_KEPT = 8  # a full-size MoE stack: ~1.5 MB a graph
 _GRAPHS: dict[tuple[object, ...], tuple[ModelMeta, _SymGraph | None]] = {}
 _SEEN: dict[tuple[object, ...], tuple[ModelMeta, None]] = {}  # structures walked plainly once
 # a symbolic graph is walked in place (sources rewired, counters set): one compile at a time

@@ -7,7 +7,8 @@ compiled, and is the reference. They must agree byte for byte, for the GPU and t
 buffer, with each structure compiled at one context and replayed at the others, over every
 tiny architecture and the full-size headers: all layers on the GPU, about half (-ngl), none
 (-ngl 0), the KV cache in host memory (-nkvo), --cpu-moe and --n-cpu-moe; flash attention on
-and off; ubatches above and below the smallest context; Vulkan (reordering) and CUDA. The
+and off; ubatches above and below the smallest context; one and two slots; F16 and Q8_0 KV
+caches; Vulkan (reordering) and CUDA. The
 fit searches' shortcut (a candidate over a limit without its compute buffers is not sized
 further) must answer as the full check does.
 """
@@ -71,27 +72,34 @@ def _offloads(meta: ModelMeta, backend: str) -> list[sched.Offload]:
     return out
 
 
-_Grid = tuple[tuple[str, int, int | None], ...]  # flash attention, ubatch, slots (None: auto)
+# flash attention, ubatch, slots (None: auto), KV cache type
+_Grid = tuple[tuple[str, int, int | None, str], ...]
 
 
 def _launches(
     meta: ModelMeta, cells: tuple[int, ...], grid: _Grid
-) -> Iterator[tuple[tuple[str, int, int | None], list[Resolved]]]:
-    """Per (flash attention, ubatch, slots): the launch at each cell count per stream."""
+) -> Iterator[tuple[tuple[str, int, int | None, str], list[Resolved]]]:
+    """Per grid entry: the launch at each cell count per stream."""
     embd = _is_embedding(meta)
-    for fa, ub, slots in grid:
+    for fa, ub, slots, kv in grid:
         runs = []
         for c in cells:
             n = slots or 1
             s = LaunchSettings(
-                ctx_size=c * n, flash_attn=fa, ubatch_size=ub, parallel=slots, kv_unified=False
+                ctx_size=c * n,
+                flash_attn=fa,
+                ubatch_size=ub,
+                parallel=slots,
+                kv_unified=False,
+                cache_type_k=kv,
+                cache_type_v=kv,
             )
             try:
                 runs.append(resolve(meta, s, embeddings=embd))
             except SizingError:
                 continue  # a combination the engine refuses
         if runs:
-            yield (fa, ub, slots), runs
+            yield (fa, ub, slots, kv), runs
 
 
 def _check_model(
@@ -126,7 +134,12 @@ def test_compiled_walk_equals_the_plain_one_on_tiny_models(
         _layout(meta)
     except SizingError:
         pytest.skip("no compute layout")
-    grid = (("on", 512, None), ("off", 512, None), ("on", 64, None), ("off", 32, 2))
+    grid: _Grid = (
+        ("on", 512, None, "f16"),
+        ("off", 512, None, "f16"),
+        ("on", 64, None, "q8_0"),
+        ("off", 32, 2, "f16"),
+    )
     assert _check_model(meta, _TINY_CELLS, grid, ("vulkan", "cuda")) > 50
 
 
@@ -136,9 +149,9 @@ def test_compiled_walk_equals_the_plain_one_on_tiny_models(
 def test_compiled_walk_equals_the_plain_one_on_full_size_headers(
     metas: dict[str, ModelMeta], key: str
 ) -> None:
-    grid: _Grid = (("on", 512, None), ("off", 512, None))
+    grid: _Grid = (("on", 512, None, "f16"), ("off", 512, None, "f16"))
     if key in ("qwen3-4b", "llama3-8b"):  # the smaller headers carry the rest of the grid
-        grid += (("on", 256, None), ("off", 1024, 2))
+        grid += (("on", 256, None, "q8_0"), ("off", 1024, 2, "f16"))
     backends = ("vulkan", "cuda") if key == "qwen3-4b" else ("vulkan",)
     assert _check_model(metas[key], _FULL_CELLS, grid, backends) > 20
 
