@@ -58,6 +58,7 @@ from qmgui.core.compute import (
     _Arena,
     _Build,
     _Builder,
+    _Dims,
     _dims,
     _Graph,
     _is_embedding,
@@ -718,6 +719,7 @@ def _peaks(
         r.cache_type_v,
     )
     gpu = host = 0
+    d: _Dims | None = None
     for shape in _reserve_shapes(r, embeddings):
         graph_key = (*structure, shape)
         key = (*graph_key, offload)
@@ -739,7 +741,8 @@ def _peaks(
                 _PROGRAMS.clear()
             _PROGRAMS[key] = (meta, prog)
         if prog is None:
-            d = replace(_dims(meta, r, embeddings), layers=layers)
+            if d is None:
+                d = replace(_dims(meta, r, embeddings), layers=layers)
             b = _Builder(d, shape)
             build(b)
             g_peak, h_peak = _walk(b.g, offload, _host_weight_sizes(meta), meta.n_layer)
