@@ -36,7 +36,7 @@ def test_nsis_installs_per_user_and_keeps_settings() -> None:
     assert 'InstallDir "$LOCALAPPDATA\\Programs\\${APP}"' in text
     # settings live in %LOCALAPPDATA%\qmgui (platformdirs); nothing removes that folder
     assert not re.search(r"RMDir /r \"\$LOCALAPPDATA\\qmgui", text)
-    assert "RMDir /r \"$INSTDIR\"" not in text  # only the files it installed
+    assert 'RMDir /r "$INSTDIR"' not in text  # only the files it installed
 
 
 def test_start_with_windows_uses_a_flag_the_app_has() -> None:
