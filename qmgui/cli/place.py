@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TextIO
 
 from qmgui import notify
-from qmgui.cli.plan import add_rpc_flag, gpus_from
+from qmgui.cli.plan import add_reserve_flag, add_rpc_flag, gpus_from
 from qmgui.cli.preview import Resolver, UsageError, load_quietly
 from qmgui.core.discovery import ModelEntry, entry_for_path
 from qmgui.core.emit import PORT_MACRO, Command, DevicePin, EmitError, skipped
@@ -65,12 +65,7 @@ def register(sub: Any) -> None:
         "repeat for several (default: the NVIDIA GPUs present)",
     )
     add_rpc_flag(p)
-    p.add_argument(
-        "--reserve",
-        default="512MiB",
-        metavar="SIZE",
-        help="headroom left free on every GPU (default 512MiB)",
-    )
+    add_reserve_flag(p)
     p.add_argument(
         "--host-memory",
         metavar="SIZE",

@@ -104,18 +104,23 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
         help="plan for a GPU that need not exist: a size (24GiB, 80GB) or a card (4090, "
         "2x3090, a100 80gb); repeat for several",
     )
-    p.add_argument(
-        "--reserve",
-        default="512MiB",
-        metavar="SIZE",
-        help="headroom left free on every GPU (default 512MiB)",
-    )
+    add_reserve_flag(p)
     p.add_argument(
         "--engine",
         choices=("llama", "vllm"),
         default=None,
         help="plan for llama-server or vLLM (default: llama-server for GGUF, vLLM "
         "for Hugging Face folders)",
+    )
+
+
+def add_reserve_flag(p: argparse.ArgumentParser) -> None:
+    """`--reserve SIZE`: the headroom left free on every GPU (`plan`, `place`)."""
+    p.add_argument(
+        "--reserve",
+        default="512MiB",
+        metavar="SIZE",
+        help="headroom left free on every GPU (default 512MiB)",
     )
 
 

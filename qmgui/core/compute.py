@@ -1982,6 +1982,29 @@ def _same_layout_symbolic(t: _T, p: _T) -> bool:
     raise _NotAffine
 
 
+def _claim(t: _T, same: Callable[[_T, _T], bool]) -> bool | None:
+    """ggml_gallocr_allocate_node's first steps: None when `t` needs no memory of its own
+    (external, allocated already, or a view), True when it took over a dying parent's memory
+    in place (offset set), False when the caller must allocate it. The layout test `same`
+    runs last: the symbolic one raises where a context could change its answer."""
+    if t.external or t.allocated or t.view_src is not None:
+        return None
+    t.allocated = True
+    if t.op in _INPLACE_OPS:
+        for p in t.src:
+            if (
+                p.allocated
+                and not p.is_output
+                and p.n_children == 1
+                and p.n_views == 0
+                and same(t, p)
+            ):
+                t.offset = p.offset
+                p.allocated = False
+                return True
+    return False
+
+
 class _EventWalk:
     """_peak_bytes's walk without an arena: its allocations and frees in order, as slot
     numbers (slot for an allocation, ~slot for a free), and per slot the tensor allocated
@@ -2008,21 +2031,8 @@ class _EventWalk:
 
     def allocate(self, t: _T) -> None:
         """_allocate, with the layout test last (the tests are free of side effects)."""
-        if t.external or t.allocated or t.view_src is not None:
+        if _claim(t, self.same) is not False:
             return
-        t.allocated = True
-        if t.op in _INPLACE_OPS:
-            for p in t.src:
-                if (
-                    p.allocated
-                    and not p.is_output
-                    and p.n_children == 1
-                    and p.n_views == 0
-                    and self.same(t, p)
-                ):
-                    t.offset = p.offset
-                    p.allocated = False
-                    return
         t.offset = len(self.owners)
         self.owners.append(t)
         self.events.append(t.offset)

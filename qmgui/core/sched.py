@@ -50,7 +50,6 @@ from typing import Protocol
 from qmgui.core.compute import (
     _CELLS,
     _COEF_MAX,
-    _INPLACE_OPS,
     _SYM_U,
     _SYM_V,
     _T,
@@ -58,6 +57,7 @@ from qmgui.core.compute import (
     _Arena,
     _Build,
     _Builder,
+    _claim,
     _Dims,
     _dims,
     _Graph,
@@ -647,23 +647,8 @@ def _sequence(g: _Graph, be: dict[int, int], splits: Sequence[_Split], o: Offloa
 
 def _alloc(arena: _ArenaLike, t: _T, same: Callable[[_T, _T], bool]) -> None:
     """ggml_gallocr_allocate_node: in place over a dying parent if allowed, else best fit."""
-    if t.external or t.allocated or t.view_src is not None:
-        return
-    t.allocated = True
-    if t.op in _INPLACE_OPS:
-        for p in t.src:
-            # the layout test last: the symbolic one raises where a context could change it
-            if (
-                p.allocated
-                and not p.is_output
-                and p.n_children == 1
-                and p.n_views == 0
-                and same(t, p)
-            ):
-                t.offset = p.offset
-                p.allocated = False
-                return
-    t.offset = arena.alloc(_nbytes(t))
+    if _claim(t, same) is False:
+        t.offset = arena.alloc(_nbytes(t))
 
 
 def _free(arena: _ArenaLike, t: _T) -> None:
