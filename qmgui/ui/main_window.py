@@ -56,6 +56,7 @@ from qmgui.ui.planning import (
     PlanOutcome,
     fit_badge,
     fit_context,
+    for_variant,
     plan_model,
 )
 from qmgui.ui.preview_pane import PreviewPane
@@ -628,13 +629,16 @@ class MainWindow(QMainWindow):
             breathe = Breather()  # leave the GUI thread room to paint between models
             badges, backends = {}, {}
             for e in entries:
-                badges[e.id] = fit_badge(e, hw, reserve)
-                if not registry:  # what the command uses then: the kind's usual executable
+                if not registry:
+                    # what the command uses then: the kind's usual executable
+                    badges[e.id] = fit_badge(e, hw, reserve)
                     exe = os.path.basename(default_executable(kind_for(e))) or "?"
                     backends[e.id] = (exe, f"no backends registered: {exe} (Backends… to add one)")
                     breathe()
                     continue
                 choice = resolve_backend(e, registry, pin=pins.get(e.id))
+                variant = choice.backend.variant if choice.backend else None
+                badges[e.id] = fit_badge(e, for_variant(hw, variant), reserve)
                 label = (
                     choice.backend.id
                     if choice.backend
@@ -782,7 +786,10 @@ class MainWindow(QMainWindow):
         if entry is None:
             return
         settings = self.plan_panel.full_settings()
-        hw, reserve = self._hardware, self.reserve_mib
+        o = self._outcome
+        # the plan's hardware: the cards' free memory now and the engine build's rules
+        hw = o.hardware if o is not None and o.entry.id == entry.id else self._hardware
+        reserve = self.reserve_mib
         self.statusBar().showMessage("Looking for the longest context that fits…")
         self.fitter.submit(lambda: (entry.id, fit_context(entry, settings, hw, reserve)))
 

@@ -11,7 +11,7 @@ import enum
 import os
 from dataclasses import dataclass, replace
 
-from qmgui.cli.preview import Request, Resolver, UsageError, emit_model
+from qmgui.cli.preview import Request, Resolver, Target, UsageError, emit_model
 from qmgui.core.discovery import ModelEntry
 from qmgui.core.emit import Command, EmitError, skipped, split_args
 from qmgui.core.errors import SizingError
@@ -41,6 +41,27 @@ class Badge(enum.Enum):
 class BadgeResult:
     badge: Badge
     detail: str  # the tooltip: the context judged at, or why it does not fit
+
+
+# an engine build's GPU variant (probed from its devices, or set by the user) -> the allocation
+# rules `core.footprint` applies (ROCm builds allocate as CUDA's do)
+_RULES_OF_VARIANT = {
+    "cuda": "cuda",
+    "rocm": "cuda",
+    "hip": "cuda",
+    "vulkan": "vulkan",
+    "metal": "metal",
+}
+
+
+def for_variant(hw: Hardware, variant: str | None) -> Hardware:
+    """`hw` with its GPUs sized by the rules of the engine build that will run on them (a
+    Vulkan build on an NVIDIA card allocates as Vulkan does, with Vulkan's context charge);
+    unknown or mixed variants keep the cards' own rules."""
+    rules = _RULES_OF_VARIANT.get((variant or "").strip().lower())
+    if rules is None or not hw.gpus or all(g.backend == rules for g in hw.gpus):
+        return hw
+    return replace(hw, gpus=tuple(replace(g, backend=rules) for g in hw.gpus))
 
 
 def budget_for(hw: Hardware, reserve_mib: int) -> Budget:
@@ -129,6 +150,13 @@ def plan_model(
     `extra_args`: the plan panel's extra engine arguments, split like a shell does and
     appended after the model's stored ones; one that does not split gives no command, with
     the reason shown instead."""
+    target: Target | str | None = None
+    try:
+        target = resolver.target(entry)
+    except (EmitError, SizingError, UsageError, ValueError):
+        target = None  # said again below, where the command is built
+    if target is not None and not isinstance(target, str):
+        hw = for_variant(hw, target.variant)
     budget = budget_for(hw, reserve_mib)
     fit: FitResult | None = None
     error: str | None = None
@@ -144,7 +172,7 @@ def plan_model(
         error = entry.error or "qmgui sizes llama-server launches of GGUF language models only"
     engine = ""
     try:
-        target = resolver.target(entry)
+        target = resolver.target(entry) if target is None else target
         if isinstance(target, str):
             command = skipped(target)
         else:
