@@ -693,8 +693,11 @@ class MainWindow(QMainWindow):
             self._resolver,
         )
         extra = self.plan_panel.extra_args()  # read on the GUI thread, like the settings
+        subset = self.plan_panel.selected_gpus()
         self.planner.submit(
-            lambda: plan_model(entry, settings, hw, reserve, resolver, extra_args=extra)
+            lambda: plan_model(
+                entry, settings, hw, reserve, resolver, extra_args=extra, gpu_subset=subset
+            )
         )
 
     def _on_plan(self, outcome: object) -> None:
@@ -789,6 +792,9 @@ class MainWindow(QMainWindow):
         o = self._outcome
         # the plan's hardware: the cards' free memory now and the engine build's rules
         hw = o.hardware if o is not None and o.entry.id == entry.id else self._hardware
+        subset = self.plan_panel.selected_gpus()
+        if subset and len(subset) < len(hw.gpus):
+            hw = replace(hw, gpus=tuple(hw.gpus[i] for i in subset))
         reserve = self.reserve_mib
         self.statusBar().showMessage("Looking for the longest context that fits…")
         self.fitter.submit(lambda: (entry.id, fit_context(entry, settings, hw, reserve)))

@@ -10,6 +10,7 @@ from dataclasses import replace
 from PySide6.QtCore import QSignalBlocker, Qt, Signal
 from PySide6.QtGui import QValidator
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QFormLayout,
     QHBoxLayout,
@@ -95,6 +96,7 @@ class PlanPanel(QWidget):
         self._extra = LaunchSettings()  # settings this panel does not edit (-nkvo, -b…)
         self._is_moe = False
         self._gpus: list[str] = []
+        self._gpu_boxes: list[QCheckBox] = []  # one per GPU when there are 2 or more
         self._split: tuple[float, ...] = ()  # the last valid split
         self._extra_args = ""  # the last extra arguments that split
 
@@ -154,6 +156,9 @@ class PlanPanel(QWidget):
             '"all" keeps every layer\'s experts there (--cpu-moe). 0: experts on the GPU'
         )
         self.moe_label.setBuddy(self.cpu_moe)
+        self.gpu_row = QWidget(self)  # "run on": a check box per GPU (2 or more GPUs)
+        self._gpu_layout = QHBoxLayout(self.gpu_row)
+        self._gpu_layout.setContentsMargins(0, 0, 0, 0)
         self.split_label = QLabel("Split", self)
         self.split = QLineEdit(self)
         self.split.setPlaceholderText("by free memory")
@@ -212,6 +217,8 @@ class PlanPanel(QWidget):
         form.addRow("KV cache", kv_row)
         form.addRow("Slots", other_row)
         form.addRow(self.offload_row)
+        self.gpu_label = QLabel("Run on", self)
+        form.addRow(self.gpu_label, self.gpu_row)
         form.addRow("Extra args", self.extra_args_edit)
 
     def _wire(self) -> None:
@@ -308,7 +315,7 @@ class PlanPanel(QWidget):
             n_gpu_layers=None if ngl == ALL_LAYERS else ngl,
             n_cpu_moe=max(self.cpu_moe.value(), 0) if self._is_moe else 0,
             cpu_moe=self._is_moe and self.cpu_moe.value() == ALL_EXPERTS,
-            tensor_split=self._split if len(self._gpus) >= 2 else (),
+            tensor_split=self._split if len(self._chosen_names()) >= 2 else (),
         )
 
     def apply(self, s: LaunchSettings, *, notify: bool = False) -> None:
@@ -328,7 +335,7 @@ class PlanPanel(QWidget):
         self.cpu_moe.setValue(
             ALL_EXPERTS if s.cpu_moe else min(s.n_cpu_moe, self.cpu_moe.maximum())
         )
-        if len(self._gpus) < 2 or s.tensor_split:
+        if len(self._chosen_names()) < 2 or s.tensor_split:
             # a split this panel cannot show (1 GPU) is dropped; an empty one keeps the field
             self.split.setText(format_split(s.tensor_split))
             self._split = s.tensor_split
@@ -362,28 +369,68 @@ class PlanPanel(QWidget):
 
     # --- GPUs, split, extra arguments -------------------------------------------------------
     def set_gpus(self, names: list[str]) -> None:
-        """The GPUs of the current hardware choice: the split field shows for 2 or more. Emits
-        nothing (the window re-plans after a hardware change)."""
+        """The GPUs of the current hardware choice: with 2 or more, a check box each (which
+        GPUs the engine may use: `--device`) and the split field. Emits nothing (the window
+        re-plans after a hardware change)."""
         self._gpus = list(names)
-        self._split_tip = (
-            "How to share the model between "
-            + ", ".join(self._gpus)
-            + ": one proportion per GPU, in this order (-ts, e.g. 3,1). Empty: by free memory"
-        )
+        for box in self._gpu_boxes:
+            self._gpu_layout.removeWidget(box)
+            box.deleteLater()
+        self._gpu_boxes = []
+        if len(self._gpus) >= 2:
+            for name in self._gpus:
+                box = QCheckBox(name, self.gpu_row)
+                box.setChecked(True)
+                box.setToolTip(f"Let the engine use {name} (unchecked: --device leaves it out)")
+                box.toggled.connect(self._gpu_toggled)
+                self._gpu_layout.addWidget(box)
+                self._gpu_boxes.append(box)
+            self._gpu_layout.addStretch(1)
+        self._update_split_tip()
         self._split_edited(self.split.text(), notify=False)
         self._show_offload_row()
+
+    def selected_gpus(self) -> tuple[int, ...]:
+        """Positions of the GPUs the engine may use; () = all of them."""
+        chosen = tuple(i for i, b in enumerate(self._gpu_boxes) if b.isChecked())
+        return () if len(chosen) == len(self._gpus) else chosen
+
+    def _chosen_names(self) -> list[str]:
+        picked = self.selected_gpus()
+        return [self._gpus[i] for i in picked] if picked else list(self._gpus)
+
+    def _update_split_tip(self) -> None:
+        self._split_tip = (
+            "How to share the model between "
+            + ", ".join(self._chosen_names())
+            + ": one proportion per GPU, in this order (-ts, e.g. 3,1). Empty: by free memory"
+        )
+
+    def _gpu_toggled(self, checked: bool) -> None:
+        if not checked and not any(b.isChecked() for b in self._gpu_boxes):
+            box = self.sender()
+            if isinstance(box, QCheckBox):  # one GPU at least: keep the last one checked
+                with QSignalBlocker(box):
+                    box.setChecked(True)
+            return
+        self._update_split_tip()
+        self._split_edited(self.split.text(), notify=False)
+        self._show_offload_row()
+        self.changed.emit()
 
     @property
     def gpus(self) -> list[str]:
         return list(self._gpus)
 
     def _show_offload_row(self) -> None:
-        many = len(self._gpus) >= 2
+        many = len(self._chosen_names()) >= 2
         self.moe_label.setVisible(self._is_moe)
         self.cpu_moe.setVisible(self._is_moe)
         self.split_label.setVisible(many)
         self.split.setVisible(many)
         self.offload_row.setVisible(self._is_moe or many)
+        self.gpu_label.setVisible(bool(self._gpu_boxes))
+        self.gpu_row.setVisible(bool(self._gpu_boxes))
 
     @staticmethod
     def _mark(edit: QLineEdit, error: str) -> None:
@@ -392,7 +439,7 @@ class PlanPanel(QWidget):
 
     def _split_edited(self, text: str, *, notify: bool = True) -> None:
         try:
-            values = parse_split(text, len(self._gpus))
+            values = parse_split(text, len(self._chosen_names()))
         except ValueError as e:
             self._mark(self.split, str(e))
             self.split.setToolTip(f"Not applied: {e}\n\n{self._split_tip}")

@@ -21,6 +21,7 @@ from qmgui.core.meta import ModelClass
 from qmgui.core.shell import quote_bash, quote_powershell
 from qmgui.core.units import MIB
 from qmgui.ui.hardware import Hardware
+from qmgui.ui.occupancy import gpu_index
 
 DEFAULT_PORT = 8080
 # the context a fit badge is judged at: the trained one, capped where most chats live (a 1M
@@ -144,12 +145,14 @@ def plan_model(
     resolver: Resolver,
     *,
     extra_args: str = "",
+    gpu_subset: tuple[int, ...] = (),
 ) -> PlanOutcome:
     """Size one launch (llama-server GGUF models) and emit its command (any engine).
 
     `extra_args`: the plan panel's extra engine arguments, split like a shell does and
     appended after the model's stored ones; one that does not split gives no command, with
-    the reason shown instead."""
+    the reason shown instead. `gpu_subset`: positions in `hw.gpus` of the only GPUs the engine
+    may use (`--device`); () = all. The outcome keeps every GPU (the others plan nothing)."""
     target: Target | str | None = None
     try:
         target = resolver.target(entry)
@@ -157,7 +160,15 @@ def plan_model(
         target = None  # said again below, where the command is built
     if target is not None and not isinstance(target, str):
         hw = for_variant(hw, target.variant)
-    budget = budget_for(hw, reserve_mib)
+    devices: tuple[int, ...] = ()
+    sized = hw
+    if gpu_subset and len(gpu_subset) < len(hw.gpus):
+        picked = tuple(hw.gpus[i] for i in gpu_subset)
+        sized = replace(hw, gpus=picked)
+        # as the engine numbers them: this machine's NVML index, else the card's position
+        indices = [gpu_index(g.name) for g in picked]
+        devices = tuple(i if n is None else n for i, n in zip(gpu_subset, indices, strict=True))
+    budget = budget_for(sized, reserve_mib)
     fit: FitResult | None = None
     error: str | None = None
     if plannable(entry):
@@ -179,8 +190,8 @@ def plan_model(
             name = os.path.basename(target.executable) or target.executable
             engine = f"{name} ({target.kind}): {target.reason}"
             extra = tuple(split_args(extra_args))
-            req = Request(settings=settings, gpus=hw.gpus, reserve=reserve_mib * MIB,
-                          port=DEFAULT_PORT, extra=extra)  # fmt: skip
+            req = Request(settings=settings, gpus=sized.gpus, reserve=reserve_mib * MIB,
+                          port=DEFAULT_PORT, extra=extra, devices=devices)  # fmt: skip
             command = emit_model(entry, target, req, resolver.override(entry)).command
     except (EmitError, SizingError, UsageError, ValueError) as e:
         command = skipped(str(e))

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QCheckBox
 
 from qmgui.cli.preview import Resolver
 from qmgui.core.discovery import ModelEntry, scan
@@ -194,3 +195,44 @@ def test_window_preview_shows_panel_settings(  # type: ignore[no-untyped-def]
     o = w.outcome
     assert o is not None and o.settings.n_cpu_moe == 1 and o.settings.tensor_split == (3.0, 1.0)
     assert "--jinja" in o.command.argv and "tiny moe" in o.command.argv
+
+
+def test_gpu_selection_boxes(qtbot, panel: PlanPanel, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    panel.set_entry(entry_of(tmp_path, "llama"))
+    panel.set_gpus(["GPU0 (RTX 3090)"])
+    assert not panel.gpu_row.isVisible() and panel.selected_gpus() == ()
+    panel.set_gpus(["GPU0 (RTX 3090)", "GPU1 (RTX 3090)", "GPU2 (RTX 3060)"])
+    boxes = panel.gpu_row.findChildren(QCheckBox)
+    assert panel.gpu_row.isVisible() and len(boxes) == 3
+    assert panel.selected_gpus() == ()  # all of them
+    with qtbot.waitSignal(panel.changed):
+        boxes[0].setChecked(False)
+    assert panel.selected_gpus() == (1, 2)
+    # the split counts the chosen GPUs only
+    panel.split.setText("3,1,1")
+    assert panel.split.property("invalid")
+    panel.split.setText("3,1")
+    assert panel.full_settings().tensor_split == (3.0, 1.0)
+    with qtbot.waitSignal(panel.changed):
+        boxes[1].setChecked(False)
+    assert panel.selected_gpus() == (2,)
+    assert not panel.split.isVisible() and panel.full_settings().tensor_split == ()
+    # the last GPU cannot be left out
+    with qtbot.assertNotEmitted(panel.changed):
+        boxes[2].setChecked(False)
+    assert boxes[2].isChecked() and panel.selected_gpus() == (2,)
+
+
+def test_plan_model_runs_on_the_chosen_gpus(tmp_path: Path) -> None:
+    """Only the chosen cards are sized and named (`--device`); the others plan nothing."""
+    entry = entry_of(tmp_path, "llama")
+    hw = hardware.resolve("2× RTX 3090", host_bytes=64 << 30)
+    resolver = Resolver(LoadResult(Settings()), probe=False)
+    o = plan_model(entry, LaunchSettings(ctx_size=4096), hw, 512, resolver, gpu_subset=(1,))
+    assert o.fit is not None and o.fit.fits
+    assert len(o.hardware.gpus) == 2  # the bars still show both cards
+    first, second = (g.name for g in hw.gpus)
+    names = {d.name for d in o.fit.footprint.devices}
+    assert second in names and first not in names
+    argv = list(o.command.argv)
+    assert argv[argv.index("--device") + 1] == "CUDA1"
