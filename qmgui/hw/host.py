@@ -137,6 +137,19 @@ def _load_psutil(psutil_module: Any) -> Any:
         return None
 
 
+def read_ram(*, psutil_module: Any = None) -> tuple[int | None, int | None]:
+    """RAM total and available now (None where psutil is missing or fails): the cheap part of
+    `read_host`, for readings taken every few seconds."""
+    ps = _load_psutil(psutil_module)
+    if ps is None:
+        return None, None
+    try:
+        vm = ps.virtual_memory()
+    except Exception:
+        return None, None
+    return int(vm.total), int(vm.available)
+
+
 def read_host(*, psutil_module: Any = None, cpuinfo_path: str = CPUINFO) -> HostInfo:
     """RAM, swap, CPU model, core counts and CPU features of this machine; never raises.
     `psutil_module` stands in for psutil in tests."""
@@ -146,11 +159,9 @@ def read_host(*, psutil_module: Any = None, cpuinfo_path: str = CPUINFO) -> Host
     if ps is None:
         problems.append("psutil is not installed: RAM and core counts are unknown")
     else:
-        try:
-            vm = ps.virtual_memory()
-            ram_total, ram_available = int(vm.total), int(vm.available)
-        except Exception as e:
-            problems.append(f"RAM could not be read ({e})")
+        ram_total, ram_available = read_ram(psutil_module=ps)
+        if ram_total is None:
+            problems.append("RAM could not be read (psutil.virtual_memory failed)")
         with contextlib.suppress(Exception):
             swap_total = int(ps.swap_memory().total)
         with contextlib.suppress(Exception):

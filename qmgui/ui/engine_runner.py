@@ -141,13 +141,7 @@ class EngineRunner(QObject):
         engine = Engine(eid, outcome.entry.name, None, fp, busy=True, model_id=outcome.entry.id)
         self.engines[eid] = engine
         self.added.emit(eid)
-        victims = []
-        for vid in stop_first:
-            victim = self.engines.get(vid)
-            if victim is not None and victim.supervisor is not None and not victim.busy:
-                victim.busy = True
-                self.changed.emit(vid)
-                victims.append((victim, victim.supervisor))
+        victims = [v for v in map(self._claim_for_stop, stop_first) if v is not None]
 
         def run() -> None:
             for victim, sup in victims:
@@ -158,13 +152,19 @@ class EngineRunner(QObject):
         return eid
 
     def stop(self, eid: int) -> None:
+        claimed = self._claim_for_stop(eid)
+        if claimed is not None:
+            engine, sup = claimed
+            self._spawn(f"stop-{eid}", lambda: self._stop(engine, sup))
+
+    def _claim_for_stop(self, eid: int) -> tuple[Engine, Supervisor] | None:
+        """Mark a running engine busy for a stop; None when there is nothing to stop now."""
         engine = self.engines.get(eid)
         if engine is None or engine.supervisor is None or engine.busy:
-            return
+            return None
         engine.busy = True
         self.changed.emit(eid)
-        sup = engine.supervisor
-        self._spawn(f"stop-{eid}", lambda: self._stop(engine, sup))
+        return engine, engine.supervisor
 
     def restart(self, eid: int) -> None:
         engine = self.engines.get(eid)

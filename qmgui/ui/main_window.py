@@ -768,9 +768,9 @@ class MainWindow(QMainWindow):
         if self.tray is None:
             return
         running = set(self.fleet.running_model_ids())
-        self.tray.set_favourites(self.fleet.favourites())
-        self.tray.set_run_sets(
-            [(r.name, any(m in running for m in r.model_ids)) for r in self.fleet.run_sets()]
+        self.tray.set_offers(
+            self.fleet.favourites(),
+            [(r.name, any(m in running for m in r.model_ids)) for r in self.fleet.run_sets()],
         )
 
     def _hw_words(self) -> str:
@@ -792,12 +792,11 @@ class MainWindow(QMainWindow):
         o = self._outcome
         # the plan's hardware: the cards' free memory now and the engine build's rules
         hw = o.hardware if o is not None and o.entry.id == entry.id else self._hardware
-        subset = self.plan_panel.selected_gpus()
-        if subset and len(subset) < len(hw.gpus):
-            hw = replace(hw, gpus=tuple(hw.gpus[i] for i in subset))
-        reserve = self.reserve_mib
+        subset, reserve = self.plan_panel.selected_gpus(), self.reserve_mib
         self.statusBar().showMessage("Looking for the longest context that fits…")
-        self.fitter.submit(lambda: (entry.id, fit_context(entry, settings, hw, reserve)))
+        self.fitter.submit(
+            lambda: (entry.id, fit_context(entry, settings, hw, reserve, gpu_subset=subset))
+        )
 
     def _on_fit_context(self, value: object) -> None:
         assert isinstance(value, tuple)

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from qmgui.core.footprint import CPU, Footprint, Gpu
-from qmgui.hw.host import read_host
+from qmgui.hw.host import read_ram
 from qmgui.hw.nvml import NvmlReading, read_nvml
 
 
@@ -45,6 +45,11 @@ class EngineShare:
     planned: int
     measured: int | None
 
+    @property
+    def bytes(self) -> int:
+        """What the bar draws: measured once the engine said, else planned."""
+        return self.measured if self.measured is not None else self.planned
+
 
 @dataclass(frozen=True)
 class LiveReading:
@@ -57,13 +62,9 @@ class LiveReading:
 
 def read_live() -> LiveReading:
     """Blocking (NVML and /proc): call it on a worker thread."""
-    host = read_host()
-    used = (
-        host.ram_total_bytes - host.ram_available_bytes
-        if host.ram_total_bytes is not None and host.ram_available_bytes is not None
-        else None
-    )
-    return LiveReading(read_nvml(), host.ram_total_bytes, used)
+    total, available = read_ram()
+    used = total - available if total is not None and available is not None else None
+    return LiveReading(read_nvml(), total, used)
 
 
 def shares_on(device: str, loads: Iterable[EngineLoad]) -> tuple[EngineShare, ...]:
@@ -101,7 +102,7 @@ def others_on(device: str, live: LiveReading | None, loads: Sequence[EngineLoad]
     gpu = next((g for g in nvml.gpus if g.index == index), None)
     if gpu is None or gpu.used_bytes is None:
         return None
-    pids = frozenset().union(*(load.pids for load in loads)) if loads else frozenset()
+    pids = frozenset().union(*(load.pids for load in loads))
     ours_nvml = [p.used_bytes for p in gpu.processes if p.pid in pids and p.used_bytes]
     ours = sum(ours_nvml) if ours_nvml else sum(load.bytes_on(device) for load in loads)
     return max(0, gpu.used_bytes - ours)

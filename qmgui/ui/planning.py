@@ -65,6 +65,14 @@ def for_variant(hw: Hardware, variant: str | None) -> Hardware:
     return replace(hw, gpus=tuple(replace(g, backend=rules) for g in hw.gpus))
 
 
+def on_gpus(hw: Hardware, subset: tuple[int, ...]) -> Hardware:
+    """`hw` with only the GPUs at positions `subset` (the plan panel's "Run on"); `hw` itself
+    when the subset is empty or names every GPU."""
+    if not subset or len(subset) >= len(hw.gpus):
+        return hw
+    return replace(hw, gpus=tuple(hw.gpus[i] for i in subset))
+
+
 def budget_for(hw: Hardware, reserve_mib: int) -> Budget:
     return Budget(gpus=hw.gpus, gpu_reserve=reserve_mib * MIB, host_bytes=hw.host_bytes)
 
@@ -160,13 +168,11 @@ def plan_model(
         target = None  # said again below, where the command is built
     if target is not None and not isinstance(target, str):
         hw = for_variant(hw, target.variant)
+    sized = on_gpus(hw, gpu_subset)
     devices: tuple[int, ...] = ()
-    sized = hw
-    if gpu_subset and len(gpu_subset) < len(hw.gpus):
-        picked = tuple(hw.gpus[i] for i in gpu_subset)
-        sized = replace(hw, gpus=picked)
+    if sized is not hw:
         # as the engine numbers them: this machine's NVML index, else the card's position
-        indices = [gpu_index(g.name) for g in picked]
+        indices = [gpu_index(g.name) for g in sized.gpus]
         devices = tuple(i if n is None else n for i, n in zip(gpu_subset, indices, strict=True))
     budget = budget_for(sized, reserve_mib)
     fit: FitResult | None = None
@@ -201,10 +207,16 @@ def plan_model(
 
 
 def fit_context(
-    entry: ModelEntry, settings: LaunchSettings, hw: Hardware, reserve_mib: int
+    entry: ModelEntry,
+    settings: LaunchSettings,
+    hw: Hardware,
+    reserve_mib: int,
+    *,
+    gpu_subset: tuple[int, ...] = (),
 ) -> FitResult | None:
-    """The largest context that fits with the other settings kept (the "Fit context" button)."""
+    """The largest context that fits with the other settings kept (the "Fit context" button),
+    on the GPUs `gpu_subset` chooses (as `plan_model`)."""
     if not plannable(entry):
         return None
     assert entry.meta is not None
-    return max_context(entry.meta, settings, budget_for(hw, reserve_mib))
+    return max_context(entry.meta, settings, budget_for(on_gpus(hw, gpu_subset), reserve_mib))

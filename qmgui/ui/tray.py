@@ -345,11 +345,17 @@ class Tray(QObject):
         return True
 
     def set_favourites(self, favourites: Sequence[Favourite]) -> None:
-        self._favourites = list(favourites)
-        self.refresh()
+        self.set_offers(favourites, self._run_sets)
 
     def set_run_sets(self, run_sets: Sequence[tuple[str, bool]]) -> None:
-        """The run sets to offer: (name, whether any of its models runs now)."""
+        self.set_offers(self._favourites, run_sets)
+
+    def set_offers(
+        self, favourites: Sequence[Favourite], run_sets: Sequence[tuple[str, bool]]
+    ) -> None:
+        """The favourite models and the run sets (name, whether any of its models runs now)
+        the menu offers; the menu is rebuilt once."""
+        self._favourites = list(favourites)
         self._run_sets = list(run_sets)
         self.refresh()
 

@@ -62,15 +62,11 @@ class BarSpec:
     @property
     def held(self) -> int:
         """What the running engines and other processes hold now."""
-        return sum(_share_bytes(e) for e in self.engines) + (self.others or 0)
+        return sum(e.bytes for e in self.engines) + (self.others or 0)
 
     @property
     def used(self) -> int:
         return self.planned + self.held
-
-
-def _share_bytes(e: EngineShare) -> int:
-    return e.measured if e.measured is not None else e.planned
 
 
 def gib(n: int) -> str:
@@ -203,7 +199,7 @@ class VramBar(QWidget):
         p.save()
         p.setClipRect(bar)
         x = bar.left()
-        held: list[tuple[str, int, str]] = [("engines", _share_bytes(e), e.name) for e in s.engines]
+        held: list[tuple[str, int, str]] = [("engines", e.bytes, e.name) for e in s.engines]
         if s.others:
             held.append(("others", s.others, ""))
         pieces = [*held, *((k, n, "") for k, n in s.segments)]
