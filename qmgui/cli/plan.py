@@ -15,6 +15,7 @@ from qmgui.core.footprint import Gpu
 from qmgui.core.launch import CACHE_TYPES, DEFAULT_BATCH, DEFAULT_UBATCH, LaunchSettings
 from qmgui.core.units import format_bytes, parse_size
 from qmgui.core.vllm import VllmPins, plan_vllm
+from qmgui.hw.host import read_ram
 from qmgui.hw.nvml import read_gpus
 from qmgui.hw.profiles import lookup
 
@@ -105,6 +106,7 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
         "2x3090, a100 80gb); repeat for several",
     )
     add_reserve_flag(p)
+    add_host_memory_flag(p)
     p.add_argument(
         "--engine",
         choices=("llama", "vllm"),
@@ -122,6 +124,27 @@ def add_reserve_flag(p: argparse.ArgumentParser) -> None:
         metavar="SIZE",
         help="headroom left free on every GPU (default 512MiB)",
     )
+
+
+def add_host_memory_flag(p: argparse.ArgumentParser) -> None:
+    """`--host-memory SIZE|none`: the host RAM a plan's CPU part may use (`plan`, `preview`)."""
+    p.add_argument(
+        "--host-memory",
+        default=None,
+        metavar="SIZE",
+        help="host RAM the CPU part of a plan may use (default: this machine's RAM; "
+        "'none' does not check it)",
+    )
+
+
+def host_memory_from(args: argparse.Namespace) -> int | None:
+    """`--host-memory`: a size, 'none' (not checked), or this machine's total RAM (None when
+    it cannot be read: then host memory is not checked, as before)."""
+    text = getattr(args, "host_memory", None)
+    if text is not None:
+        return None if text.strip().lower() == "none" else parse_size(text)
+    total, _ = read_ram()
+    return total
 
 
 def add_rpc_flag(p: argparse.ArgumentParser) -> None:
@@ -229,6 +252,7 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     try:
         gpus = gpus_from(args)
         reserve = parse_size(args.reserve, allow_zero=True)
+        host = host_memory_from(args)
         settings = launch_settings_from(args)
     except ValueError as e:
         notify.error(str(e), source="plan")
@@ -248,7 +272,8 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
         )
         return EXIT_USAGE
     try:
-        result = check(entry.meta, settings, Budget(gpus=gpus, gpu_reserve=reserve))
+        budget = Budget(gpus=gpus, gpu_reserve=reserve, host_bytes=host)
+        result = check(entry.meta, settings, budget)
     except SizingError as e:
         notify.error(str(e), source="plan")
         return EXIT_USAGE
@@ -279,6 +304,7 @@ def _plan_json(result: FitResult) -> dict[str, object]:
         "devices": [d.to_json() for d in result.footprint.devices],
         "fits": result.fits,
         "reason": result.reason,
+        "warnings": list(result.warnings),
         "notes": list(result.footprint.notes),
     }
 
@@ -322,6 +348,8 @@ def _print_plan(entry: ModelEntry, result: FitResult, out: TextIO) -> None:
             file=out,
         )
     print("fits" if result.fits else f"does not fit: {result.reason}", file=out)
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=out)
     for note in fp.notes:
         print(f"note: {note}", file=out)
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from qmgui.core.errors import SizingError
-from qmgui.core.footprint import CPU, Footprint, Gpu, estimate
+from qmgui.core.footprint import CPU, DeviceFootprint, Footprint, Gpu, estimate
 from qmgui.core.launch import CTX_PAD, LaunchSettings
 from qmgui.core.meta import ModelMeta
 from qmgui.core.units import MIB, format_bytes
@@ -52,6 +52,18 @@ class FitResult:
     footprint: Footprint
     reason: str | None = None  # why it does not fit (the first device over its limit)
     nearest: LaunchSettings | None = None  # the closest setting that fits, when one exists
+    warnings: tuple[str, ...] = ()  # it fits, but the user should know (mapped weights over RAM)
+
+
+def charged(d: DeviceFootprint, settings: LaunchSettings) -> int:
+    """What a device's limit is checked against. On the host, weights of a memory-mapped file
+    are page cache the kernel can drop and read again (llama.cpp maps the file; pages it does
+    not touch are never read), so they are not charged: only what the engine allocates
+    (KV cache, recurrent state, compute and output buffers, and weights read without mmap)
+    must fit in RAM. Mapped weights over RAM are a warning (see `check`), not a refusal."""
+    if d.name == CPU and settings.mmap:
+        return d.total - d.weights
+    return d.total
 
 
 def check(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> FitResult:
@@ -59,18 +71,29 @@ def check(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> FitResul
     fp = estimate(meta, settings, budget.gpus)
     for d in fp.devices:
         limit = budget.limit(d.name)
-        if limit is not None and d.total > limit:
+        need = charged(d, settings)
+        if limit is not None and need > limit:
             where = "host memory" if d.name == CPU else d.name
+            what = " resident" if need != d.total else ""
             return FitResult(
                 False,
                 settings,
                 fp,
                 reason=(
-                    f"needs {format_bytes(d.total)} on {where}, {format_bytes(d.total - limit)} "
-                    f"more than the {format_bytes(limit)} available"
+                    f"needs {format_bytes(need)}{what} on {where}, "
+                    f"{format_bytes(need - limit)} more than the {format_bytes(limit)} available"
                 ),
             )
-    return FitResult(True, settings, fp)
+    warnings: tuple[str, ...] = ()
+    host = budget.limit(CPU)
+    cpu = next((d for d in fp.devices if d.name == CPU), None)
+    if host is not None and cpu is not None and cpu.total > host:
+        warnings = (
+            f"host memory: {format_bytes(cpu.total - cpu.weights)} resident + "
+            f"{format_bytes(cpu.weights)} mapped is more than the {format_bytes(host)} of RAM; "
+            "the mapped weights will be read from disk as they are used (slow)",
+        )
+    return FitResult(True, settings, fp, warnings=warnings)
 
 
 def _fits(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> bool:
@@ -78,7 +101,7 @@ def _fits(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> bool:
     where everything else fits: compute buffers are never negative, so a launch already over
     a limit without them is over it with them. The searches below ask this of every
     candidate; most of those far from the answer are settled without a compute buffer."""
-    if not _within(estimate(meta, settings, budget.gpus, compute=False), budget, {}):
+    if not _within(estimate(meta, settings, budget.gpus, compute=False), settings, budget, {}):
         return False
     return check(meta, settings, budget).fits
 
@@ -118,7 +141,7 @@ def max_context(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> Fi
 
     def cheap_fits(k: int) -> bool:
         fp = estimate(meta, at(k), budget.gpus, compute=False)
-        return _within(fp, budget, extra)
+        return _within(fp, at(k), budget, extra)
 
     guess = largest(1, top, cheap_fits) or 1
     if fits_at(guess):
@@ -142,10 +165,10 @@ def max_context(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> Fi
     return check(meta, at(best), budget)
 
 
-def _within(fp: Footprint, budget: Budget, extra: dict[str, int]) -> bool:
+def _within(fp: Footprint, settings: LaunchSettings, budget: Budget, extra: dict[str, int]) -> bool:
     for d in fp.devices:
         limit = budget.limit(d.name)
-        if limit is not None and d.total + extra.get(d.name, 0) > limit:
+        if limit is not None and charged(d, settings) + extra.get(d.name, 0) > limit:
             return False
     return True
 

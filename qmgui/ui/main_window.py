@@ -716,7 +716,8 @@ class MainWindow(QMainWindow):
                 f"Fits {self._hw_words()}: {r.n_ctx:,} tokens in {r.n_seq} "
                 f"slot{'s' if r.n_seq != 1 else ''}, KV {r.cache_type_k}/{r.cache_type_v}, "
                 f"flash attention {'on' if r.flash_attn else 'off'}, "
-                f"{fit.footprint.n_gpu_layers} layers on GPU.",
+                f"{fit.footprint.n_gpu_layers} layers on GPU."
+                + "".join(f" Warning: {w}." for w in fit.warnings),
                 ok=True,
                 nearest=False,
             )

@@ -1,0 +1,47 @@
+"""`qmgui plan` checks host memory: this machine's RAM by default, `--host-memory SIZE`, or
+`none`; mapped weights are not charged, what the engine allocates is."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.synth.factory import PRESETS, write_gguf
+from tests.test_cli import run
+
+
+def _model(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny-llama.gguf"
+    write_gguf(path, PRESETS["llama"])
+    return path
+
+
+def test_cpu_plan_over_host_memory_does_not_fit(tmp_path: Path) -> None:
+    code, out, _ = run(
+        "plan", str(_model(tmp_path)), "-c", "4096", "--host-memory", "1MiB", "--json"
+    )
+    plan = json.loads(out)
+    assert code == 0
+    assert plan["fits"] is False
+    assert "host memory" in plan["reason"]
+
+
+def test_host_memory_none_is_not_checked(tmp_path: Path) -> None:
+    code, out, _ = run(
+        "plan", str(_model(tmp_path)), "-c", "4096", "--host-memory", "none", "--json"
+    )
+    assert code == 0
+    assert json.loads(out)["fits"] is True
+
+
+def test_default_is_this_machines_ram(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import qmgui.cli.plan as plan_mod
+
+    monkeypatch.setattr(plan_mod, "read_ram", lambda: (2048, 1024))
+    code, out, _ = run("plan", str(_model(tmp_path)), "-c", "4096", "--json")
+    assert json.loads(out)["fits"] is False
+    monkeypatch.setattr(plan_mod, "read_ram", lambda: (64 << 30, 32 << 30))
+    code, out, _ = run("plan", str(_model(tmp_path)), "-c", "4096", "--json")
+    plan = json.loads(out)
+    assert plan["fits"] is True
+    assert plan["warnings"] == []
