@@ -17,9 +17,11 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from enum import Enum
+
+from qmgui.core.textsafe import printable
 
 __all__ = [
     "HISTORY_SIZE",
@@ -101,7 +103,13 @@ class Notifier:
         return self.post(Message(Level.ERROR, text, detail, source))
 
     def post(self, message: Message) -> Message:
-        """Record ``message``, log it, and hand it to every subscriber; returns it."""
+        """Record ``message``, log it, and hand it to every subscriber; returns it.
+
+        Messages quote file names, metadata and engine output, any of which may be crafted:
+        control characters are written as visible escapes (a name with ESC sequences must not
+        recolour the terminal, a newline must not fake a second message); the detail keeps
+        its line breaks and tabs."""
+        message = _safe(message)
         with self._lock:
             self._history.append(message)
             subscribers = list(self._subscribers.values())
@@ -151,6 +159,21 @@ class Notifier:
         with self._lock:
             self._history.clear()
             self._subscribers.clear()
+
+
+def _safe_detail(detail: str) -> str:
+    return "\n".join(
+        "\t".join(printable(part) for part in line.split("\t")) for line in detail.split("\n")
+    )
+
+
+def _safe(message: Message) -> Message:
+    text = printable(message.text)
+    detail = None if message.detail is None else _safe_detail(message.detail)
+    source = None if message.source is None else printable(message.source)
+    if (text, detail, source) == (message.text, message.detail, message.source):
+        return message
+    return replace(message, text=text, detail=detail, source=source)
 
 
 notifier = Notifier()

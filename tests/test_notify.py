@@ -196,3 +196,11 @@ def test_the_default_notifier_can_be_cleared() -> None:
     notify.notifier.clear()
     assert notify.notifier.history == ()
     assert notify.notifier.subscriber_count == 0
+
+
+def test_control_characters_in_messages_are_escaped() -> None:
+    n = Notifier()
+    m = n.warning("bad\x1b[2J\nname.gguf", detail="line1\n\tline2\x1b]0;x\x07", source="scan")
+    assert m.text == "bad\\x1b[2J\\nname.gguf"
+    assert m.detail == "line1\n\tline2\\x1b]0;x\\x07"
+    assert n.history[-1] is m
