@@ -20,7 +20,13 @@ def _isolated_dirs(
     monkeypatch.setenv("QMGUI_CONFIG_DIR", str(base / "config"))
     monkeypatch.setenv("QMGUI_CACHE_DIR", str(base / "cache"))
     monkeypatch.setenv("HOME", str(base / "home"))
-    for var in ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "OLLAMA_MODELS"):
+    for var in (
+        "HF_HOME",
+        "HF_HUB_CACHE",
+        "HUGGINGFACE_HUB_CACHE",
+        "OLLAMA_MODELS",
+        "XDG_CONFIG_HOME",
+    ):
         monkeypatch.delenv(var, raising=False)
     Path(base / "home").mkdir()
 

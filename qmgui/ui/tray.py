@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import enum
 import importlib.resources
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,8 @@ from PySide6.QtCore import QObject, QPointF, QRectF, QSize, Qt, Signal, SignalIn
 from PySide6.QtGui import QAction, QBrush, QCloseEvent, QColor, QIcon, QPainter, QPen, QPixmap
 from PySide6.QtWidgets import QApplication, QMenu, QMessageBox, QSystemTrayIcon, QWidget
 
+from qmgui import autostart, notify
+from qmgui.core.errors import QmguiError
 from qmgui.engines.supervisor import State
 from qmgui.settings import Settings
 
@@ -56,6 +59,7 @@ EXPLAINED_KEY = "tray_close_explained"  # an extra key of UiState (settings keep
 BALLOON_MS = 8000
 # package data (qmgui/resources/icons): SVG sources and the PNG sizes packaging/make_icons.py
 # renders from them (16-24 px from a design drawn for small sizes)
+_XDG_AUTOSTART = sys.platform.startswith("linux")
 ICON_DIR = Path(str(importlib.resources.files("qmgui") / "resources" / "icons"))
 APP_ICON, RUNNING_ICON = "qmgui.svg", "qmgui-running.svg"
 ICON_SIZES = (16, 22, 24, 32, 48, 64, 128, 256, 512)
@@ -311,6 +315,8 @@ class Tray(QObject):
         # how the last quit ended: LEAVE means the window's shutdown must not stop engines
         self.quit_choice: QuitChoice | None = None
         self._icons = {False: app_icon(False), True: app_icon(True)}
+        # Linux: "Start with the session" (None elsewhere: the Windows installer has its own)
+        self._autostart: bool | None = autostart.is_enabled() if _XDG_AUTOSTART else None
 
         self.menu = QMenu(window)
         self.icon = QSystemTrayIcon(self._icons[False], self)
@@ -409,12 +415,34 @@ class Tray(QObject):
                     )
             menu.addMenu(sets)
             menu.addSeparator()
+        if self._autostart is not None:
+            login = menu.addAction("Start with the session")
+            login.setObjectName("autostart")
+            login.setCheckable(True)
+            login.setChecked(self._autostart)
+            login.setToolTip("Start qmgui in the tray when you log in (an XDG autostart entry)")
+            login.toggled.connect(self.set_autostart)
         show = menu.addAction("Show window")
         show.setObjectName("show")
         show.triggered.connect(self.show_window)
         quit_action = menu.addAction("Quit")
         quit_action.setObjectName("quit")
         quit_action.triggered.connect(self.request_quit)
+
+    def set_autostart(self, on: bool) -> None:
+        """Write or remove the XDG autostart entry (a few hundred bytes in ~/.config)."""
+        try:
+            if on:
+                path = autostart.enable()
+                notify.info(f"qmgui will start in the tray when you log in ({path})", source="tray")
+            else:
+                autostart.disable()
+                notify.info("qmgui will no longer start when you log in", source="tray")
+            self._autostart = on
+        except QmguiError as e:
+            notify.error(str(e), source="tray")
+            self._autostart = autostart.is_enabled()
+        self.refresh()
 
     def _engine_menu(self, row: EngineRow) -> None:
         sub = QMenu(f"{row.name} — {row.state.value}", self.menu)

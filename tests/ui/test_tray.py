@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 from PySide6.QtCore import QObject, Signal
-from PySide6.QtGui import QCloseEvent
+from PySide6.QtGui import QAction, QCloseEvent
 from PySide6.QtWidgets import QApplication, QWidget
 
+from qmgui import autostart
 from qmgui.engines.supervisor import State
 from qmgui.settings import Settings
 from qmgui.ui import tray as tray_mod
@@ -149,6 +150,9 @@ def make(qtbot) -> Iterator[Callable[..., Harness]]:  # type: ignore[no-untyped-
     QApplication.setQuitOnLastWindowClosed(quit_on_last)
 
 
+AUTOSTART = ["Start with the session"] if sys.platform.startswith("linux") else []
+
+
 def texts(h: Harness) -> list[str]:
     return [a.text() for a in h.tray.menu.actions() if not a.isSeparator()]
 
@@ -164,6 +168,7 @@ def test_menu_lists_engines_favourites_show_and_quit(make) -> None:  # type: ign
         "Favourite models",
         "Start Llama 8B",
         "Start Qwen 3",
+        *AUTOSTART,
         "Show window",
         "Quit",
     ]
@@ -179,7 +184,7 @@ def test_menu_lists_engines_favourites_show_and_quit(make) -> None:  # type: ign
 
 def test_empty_menu(make) -> None:  # type: ignore[no-untyped-def]
     h = make([])
-    assert texts(h) == ["No engines running", "Show window", "Quit"]
+    assert texts(h) == ["No engines running", *AUTOSTART, "Show window", "Quit"]
 
 
 def test_stop_and_start_reach_the_source_and_the_menu_follows(make) -> None:  # type: ignore[no-untyped-def]
@@ -462,3 +467,18 @@ def test_real_tray_under_xvfb_and_trayer(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "available True installed True running True" in out.stdout
     assert "visible True" in out.stdout
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="XDG autostart is Linux's")
+def test_start_with_the_session_writes_and_removes_the_entry(make) -> None:  # type: ignore[no-untyped-def]
+    h = make([])
+    entry = autostart.entry_path()
+    action: QAction = next(a for a in h.tray.menu.actions() if a.objectName() == "autostart")
+    assert not action.isChecked() and not entry.exists()
+    action.trigger()
+    assert entry.exists() and autostart.is_enabled()
+    assert "--minimized" in entry.read_text()
+    action = next(a for a in h.tray.menu.actions() if a.objectName() == "autostart")
+    assert action.isChecked()  # the rebuilt menu says so
+    action.trigger()
+    assert not entry.exists()
