@@ -200,3 +200,16 @@ def test_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     err = io.StringIO()
     assert main(["scan", str(tmp_path)], out=ClosedPipe(), err=err) == 141
     assert "Traceback" not in err.getvalue()
+
+
+def test_a_path_as_the_command_scans_it(models: Path) -> None:
+    code, out, _ = run(str(models), "--json")
+    assert code == 0
+    assert {r["name"] for r in json.loads(out)} == {"tiny-llama", "broken"}
+
+
+def test_help_says_how_to_open_the_window(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, _ = run("--help")
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "open the window" in out and "--minimized" in out and "--screenshot" in out

@@ -28,6 +28,18 @@ EXIT_USAGE = 2
 ORDER = ("scan", "plan", "place", "preview", "serve", "export", "backends", "doctor")
 
 
+WINDOW_HELP = """\
+the window:
+  qmgui                      open the window (on a desktop; without a display the
+                             command line scans instead and says so)
+  qmgui --minimized          start in the tray (what "Start with the session" runs)
+  qmgui --theme light|dark   open the window in a light or dark theme
+  qmgui --screenshot F.png [--models DIR] [--select NAME] [--size WxH]
+                             open the window offscreen, save a picture of it, quit
+  qmgui PATH                 scan a folder or a model file (same as qmgui scan PATH)
+"""
+
+
 def _command_modules() -> list[ModuleType]:
     """Every module of this package with a `register(subparsers)`: adding a command is adding
     a module."""
@@ -41,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="qmgui",
         description="Find local AI models and size their launches per GPU.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=WINDOW_HELP,
     )
     p.add_argument("--version", action="version", version=f"qmgui {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -49,12 +63,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _is_path(word: str, parser: argparse.ArgumentParser) -> bool:
+    """Not a command name, and an existing path (or one that looks like a path)."""
+    commands: set[str] = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            commands.update(action.choices)
+    if word in commands:
+        return False
+    return os.path.exists(word) or os.sep in word or word.endswith(".gguf")
+
+
 def main(
     argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None
 ) -> int:
     out = out or sys.stdout
     err = err or sys.stderr
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and not argv[0].startswith("-") and _is_path(argv[0], parser):
+        argv = ["scan", *argv]  # `qmgui ~/models`: what a user means is a scan of it
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse exits 2 on usage errors, 0 on --help/--version
