@@ -14,6 +14,7 @@ from PySide6.QtWidgets import QApplication, QDialog, QWidget
 
 from qmgui import __version__, notify
 from qmgui.settings import load_settings
+from qmgui.ui import hardware
 from qmgui.ui.main_window import MainWindow
 from qmgui.ui.tray import app_icon
 
@@ -129,6 +130,8 @@ def run(argv: Sequence[str]) -> int:
     try:
         args = parser.parse_args(list(argv))
         size = parse_size(args.size)
+        if args.what_if:
+            hardware.resolve(args.what_if)  # a bad profile is a usage error, not a window
     except SystemExit as e:
         return int(e.code or 0)
     except ValueError as e:

@@ -60,3 +60,15 @@ def test_screenshot_bad_size(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 2
     assert "WIDTHxHEIGHT" in proc.stderr
+
+
+def test_screenshot_bad_what_if_fails(tmp_path: Path) -> None:
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    shot = tmp_path / "x.png"
+    proc = subprocess.run(
+        [sys.executable, "-m", "qmgui", "--screenshot", str(shot), "--what-if", "no-such-card"],
+        capture_output=True, text=True, timeout=60, env=env, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "no GPU profile" in proc.stderr
+    assert not shot.exists()
