@@ -213,3 +213,12 @@ def test_help_says_how_to_open_the_window(capsys: pytest.CaptureFixture[str]) ->
     out = capsys.readouterr().out
     assert code == 0
     assert "open the window" in out and "--minimized" in out and "--screenshot" in out
+
+
+def test_no_command_without_a_display_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(sys, "platform", "linux")
+    code, _, err = run()
+    assert code == 0
+    assert "no display" in err and "scanning" in err

@@ -94,6 +94,15 @@ def main(
     try:
         if args.command is None:
             # no window yet: show what qmgui finds on this machine, and how to ask for more
+            from qmgui.__main__ import display_available  # noqa: PLC0415
+
+            if not display_available():
+                print(
+                    "qmgui: no display (DISPLAY and WAYLAND_DISPLAY are unset), so no window: "
+                    "run qmgui in a desktop session (or ssh -X) for it, or "
+                    "`qmgui --screenshot shot.png` for a picture of it",
+                    file=err,
+                )
             print(
                 "qmgui: scanning the configured roots and the LM Studio, Ollama and "
                 "Hugging Face stores; `qmgui --help` for more",
