@@ -10,10 +10,20 @@ set, else under platformdirs' user config folder). Two promises shape this modul
   defence, ``save_settings`` never replaces an existing file it could not load itself.
 - A save is atomic: a temp file in the same folder, fsync, ``os.replace``, fsync of the folder.
   A crash leaves either the old file or the new one, never half of one.
+- A change never loses another process's change. The window, the CLI and scripts run side by
+  side, so every read-modify-write goes through ``update_settings`` (or ``save_changes`` for a
+  caller holding its own copy): it takes the advisory lock ``settings.json.lock`` beside the
+  file (``filelock``), re-reads the file, applies the change to what is on disk now, writes
+  atomically and lets go. ``save_settings`` (a whole-file write) holds the same lock.
 
 Unknown keys are kept (``extra="allow"``) so a file edited by hand or by a later build of the
 same schema survives a load/save round trip. Older schemas are upgraded by ``MIGRATIONS``.
 Nothing here imports Qt; callers forward ``LoadResult.messages`` to the notifier.
+
+Copies moved aside are pruned to the newest few per file (``qmgui.keep_aside``). A file is
+unusable when it is not JSON, holds a NUL character, a number of more than
+``_MAX_INT_DIGITS`` digits, a non-finite number or nesting deeper than ``_MAX_DEPTH``, or
+fails validation; it is moved aside, never a traceback.
 """
 
 from __future__ import annotations
@@ -21,23 +31,28 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import math
 import os
 import stat
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import platformdirs
+from filelock import FileLock, Timeout
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from qmgui.core.backends import Backend, sort_classes
 from qmgui.core.errors import SettingsError
+from qmgui.keep_aside import aside_path, move_aside
 
 __all__ = [
     "ENV_CONFIG_DIR",
+    "LOCK_TIMEOUT_S",
     "MIGRATIONS",
     "SCHEMA_VERSION",
     "SETTINGS_FILENAME",
@@ -50,8 +65,14 @@ __all__ = [
     "UiState",
     "config_dir",
     "load_settings",
+    "lock_path",
+    "merge_settings",
+    "peek_settings",
+    "save_changes",
     "save_settings",
+    "settings_lock",
     "settings_path",
+    "update_settings",
 ]
 
 SCHEMA_VERSION = 1
@@ -60,8 +81,12 @@ SCHEMA_VERSION = 1
 SETTINGS_FILENAME = "settings.json"
 ENV_CONFIG_DIR = "QMGUI_CONFIG_DIR"
 _APP_NAME = "qmgui"
-_ASIDE_STAMP = "%Y%m%dT%H%M%S"
 _MAX_REPORTED_ERRORS = 3  # a message names the first few invalid values, not all of them
+_MAX_INT_DIGITS = 20  # a 64-bit integer has at most 20 digits; longer ones are not settings
+_MAX_DEPTH = 64  # nesting deeper than this is not a settings file (and would recurse deeply)
+
+LOCK_TIMEOUT_S = 10.0
+"""How long a read-modify-write waits for another process's lock before it gives up."""
 
 ModelClass = Literal["llm", "embedding", "rerank", "image", "tts", "asr"]
 """The classes a backend can serve (a vision projector is served with its llm)."""
@@ -123,8 +148,8 @@ class BackendEntry(_Stored):
         """This entry as the core's frozen `Backend` (capabilities deep-copied). ``build`` and
         ``family`` come from the extra keys of those names; a value of the wrong type there
         (a hand edit) reads as unset."""
-        build = getattr(self, "build", None)
-        family = getattr(self, "family", None)
+        extra = self.model_extra or {}  # a dict lookup: pydantic's getattr is slow per entry
+        build, family = extra.get("build"), extra.get("family")
         return Backend(
             id=self.id,
             kind=self.kind,
@@ -134,7 +159,7 @@ class BackendEntry(_Stored):
             version=self.version,
             variant=self.variant,
             build=build if isinstance(build, int) and not isinstance(build, bool) else None,
-            capabilities=copy.deepcopy(self.capabilities),
+            capabilities=copy.deepcopy(self.capabilities) if self.capabilities else {},
             classes=frozenset(self.classes),
             family=family if isinstance(family, str) and family.strip() else None,
         )
@@ -350,17 +375,55 @@ def load_settings(
     target = path if path is not None else settings_path()
     try:
         settings = _read_settings(target)
-    except _UnusableError as unusable:
-        return _move_aside(target, unusable, clock())
+    except _UnusableError:
+        # Move it aside under the lock, reading it again there: another process may have
+        # replaced it since (a save is atomic, so a good file never reads as a bad one). A
+        # lock that cannot be had (a read-only folder) does not stop the move: it may fail
+        # on its own, and then the result is read-only.
+        try:
+            lock = _acquire(target, LOCK_TIMEOUT_S)
+        except SettingsError:
+            return _load_locked(target, clock)[0]
+        try:
+            return _load_locked(target, clock)[0]
+        finally:
+            lock.release()
     return LoadResult(settings if settings is not None else Settings(), path=target)
+
+
+def peek_settings(path: Path | None = None) -> Settings | None:
+    """The settings in the file now, or None when there is none or it is unusable; never moves
+    a file aside and never raises for a bad file (a watcher's read: the file may be half-way
+    through a hand edit)."""
+    try:
+        return _read_settings(path if path is not None else settings_path())
+    except _UnusableError:
+        return None
+
+
+def _load_locked(target: Path, clock: Callable[[], datetime]) -> tuple[LoadResult, bytes | None]:
+    """`load_settings` for a caller that holds the lock, and the bytes of the usable file that
+    was there (None: missing, or unusable and moved aside or kept read-only)."""
+    try:
+        settings, raw = _read_file(target)
+    except _UnusableError as unusable:
+        return _move_aside(target, unusable, clock()), None
+    if settings is None:
+        return LoadResult(Settings(), path=target), None
+    return LoadResult(settings, path=target), raw
 
 
 def _read_settings(path: Path) -> Settings | None:
     """Parse, migrate and validate one file; ``None`` when there is no file."""
+    return _read_file(path)[0]
+
+
+def _read_file(path: Path) -> tuple[Settings | None, bytes | None]:
+    """`_read_settings`, and the bytes it read."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        return None
+        return None, None
     except OSError as exc:
         # Linux says IsADirectoryError, Windows says PermissionError: ask the path itself.
         if _is_dir(path):
@@ -369,25 +432,111 @@ def _read_settings(path: Path) -> Settings | None:
             f"could not be read ({_os_reason(exc)})",
             "to restore your settings, fix its permissions and rename it to {name}",
         ) from exc
+    data = _parse_json(raw)
+    if not isinstance(data, dict):
+        kind = _JSON_KINDS.get(type(data), type(data).__name__)
+        raise _UnusableError(f"holds a JSON {kind}, not an object")
+    _check_values(data)
+    try:
+        data = _migrate(data)
+        return Settings.model_validate(data), raw
+    except ValidationError as exc:
+        raise _UnusableError(f"has invalid values ({_summarise(exc)})") from exc
+    except RecursionError as exc:
+        raise _UnusableError("is nested too deeply to be a settings file") from exc
+    except (ValueError, TypeError, OverflowError) as exc:
+        # a validator's own error (pydantic wraps most, not all): still this file's fault
+        raise _UnusableError(f"has invalid values ({exc})") from exc
+
+
+def _parse_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > _MAX_INT_DIGITS:
+        # Python refuses over 4,300 digits with a ValueError; settings never need more than 20
+        raise _UnusableError(
+            f"holds a number with {digits:,} digits (a setting has at most {_MAX_INT_DIGITS})"
+        )
+    return int(text)
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _UnusableError(f"holds a number too large for a setting ({text[:40]})")
+    return value
+
+
+def _parse_constant(name: str) -> float:
+    raise _UnusableError(f"holds {name}, which is not a number JSON allows")
+
+
+def _parse_json(raw: bytes) -> object:
+    """The JSON value of `raw`; every way it can fail is an `_UnusableError`."""
     try:
         # utf-8-sig: an editor may have added a byte-order mark; we write plain UTF-8.
-        data = json.loads(raw.decode("utf-8-sig"))
+        text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise _UnusableError(f"is not UTF-8 text (bad byte at offset {exc.start})") from exc
+    try:
+        return json.loads(
+            text,
+            parse_int=_parse_int,
+            parse_float=_parse_float,
+            parse_constant=_parse_constant,
+        )
     except json.JSONDecodeError as exc:
         raise _UnusableError(
             f"is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
         ) from exc
     except RecursionError as exc:
         raise _UnusableError("is nested too deeply to be a settings file") from exc
-    if not isinstance(data, dict):
-        kind = _JSON_KINDS.get(type(data), type(data).__name__)
-        raise _UnusableError(f"holds a JSON {kind}, not an object")
-    data = _migrate(data)
-    try:
-        return Settings.model_validate(data)
-    except ValidationError as exc:
-        raise _UnusableError(f"has invalid values ({_summarise(exc)})") from exc
+    except (ValueError, OverflowError) as exc:  # a limit of the parser itself
+        raise _UnusableError(f"is not usable JSON ({exc})") from exc
+
+
+def _check_values(data: dict[str, Any]) -> None:
+    """Refuse what JSON allows but a settings file cannot hold: a NUL character (no path,
+    argument or name can carry one) and nesting deeper than `_MAX_DEPTH`. Walks with a stack,
+    not recursion, so a deep file cannot exhaust Python's; the place is worked out only for a
+    file that fails."""
+    stack: list[tuple[object, int]] = [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            if "\x00" in value:
+                raise _UnusableError(f"holds a NUL character (\\u0000) in {_locate(data)}")
+        elif isinstance(value, dict | list):
+            if depth >= _MAX_DEPTH:
+                raise _UnusableError(
+                    f"is nested more than {_MAX_DEPTH} levels deep (at {_locate(data)})"
+                )
+            if isinstance(value, dict):
+                if any("\x00" in key for key in value):
+                    raise _UnusableError(f"holds a NUL character (\\u0000) in {_locate(data)}")
+                stack.extend((item, depth + 1) for item in value.values())
+            else:
+                stack.extend((item, depth + 1) for item in value)
+
+
+def _locate(data: dict[str, Any]) -> str:
+    """Where the first NUL character or too deep a value in `data` is, as "a.b[2].c"."""
+    stack: list[tuple[object, str, int]] = [(data, "", 0)]
+    while stack:
+        value, where, depth = stack.pop()
+        if isinstance(value, str) and "\x00" in value:
+            break
+        if isinstance(value, dict | list) and depth >= _MAX_DEPTH:
+            break
+        if isinstance(value, dict):
+            if any("\x00" in key for key in value):
+                where += " (a key)"
+                break
+            stack.extend((v, f"{where}.{k[:40]}", depth + 1) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value))
+    else:
+        return "the top level"
+    return where.lstrip(".") or "the top level"
 
 
 _JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
@@ -413,7 +562,8 @@ def _migrate(data: dict[str, Any]) -> dict[str, Any]:
         )
     if version < 0:
         raise _UnusableError(f"has an impossible schema_version ({version})")
-    data = copy.deepcopy(data)
+    if version < SCHEMA_VERSION:
+        data = copy.deepcopy(data)  # the steps change it in place; keep the parsed original
     for step_from in range(version, SCHEMA_VERSION):
         step = MIGRATIONS.get(step_from)
         if step is None:
@@ -445,23 +595,11 @@ def _os_reason(exc: OSError) -> str:
     return exc.strerror or str(exc) or type(exc).__name__
 
 
-def _aside_path(path: Path, when: datetime) -> Path:
-    """``settings.json.bad-<UTC stamp>``, with ``-N`` appended when that name is taken."""
-    stamp = when.astimezone(timezone.utc).strftime(_ASIDE_STAMP)
-    candidate = path.with_name(f"{path.name}.bad-{stamp}")
-    counter = 1
-    while os.path.lexists(candidate):
-        candidate = path.with_name(f"{path.name}.bad-{stamp}-{counter}")
-        counter += 1
-    return candidate
-
-
 def _move_aside(path: Path, unusable: _UnusableError, when: datetime) -> LoadResult:
-    aside = _aside_path(path, when)
     try:
-        # rename, not replace: on Windows it refuses to overwrite, so it never loses a file.
-        path.rename(aside)
+        aside = move_aside(path, when=when)  # keeps the newest few copies, prunes the rest
     except OSError as exc:
+        aside = aside_path(path, when)
         message = (
             f"Settings file {path} {unusable.problem}, and it could not be moved aside to"
             f" {aside} ({_os_reason(exc)}); qmgui is using default settings and will not save"
@@ -475,15 +613,234 @@ def _move_aside(path: Path, unusable: _UnusableError, when: datetime) -> LoadRes
     return LoadResult(Settings(), (message,), aside, path=path)
 
 
+# --- locking --------------------------------------------------------------------------------
+
+_LOCKS: dict[str, FileLock] = {}  # one per lock file in this process: reentrant per thread
+_LOCK_POLL_S = 0.005
+_LOCKS_GUARD = threading.Lock()
+
+
+def lock_path(path: Path | None = None) -> Path:
+    """The advisory lock file of the settings file at `path`: ``settings.json.lock`` beside it
+    (beside a symlink, not its target). It stays there between uses; that is normal."""
+    target = path if path is not None else settings_path()
+    return target.with_name(f"{target.name}.lock")
+
+
+def _file_lock(lock_file: Path) -> FileLock:
+    key = os.path.abspath(lock_file)
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(key)
+        if lock is None:
+            lock = _LOCKS[key] = FileLock(key)
+        return lock
+
+
+def _acquire(target: Path, timeout_s: float) -> FileLock:
+    lock_file = lock_path(target)
+    try:
+        lock_file.parent.mkdir(parents=True, exist_ok=True)
+        lock = _file_lock(lock_file)
+        # filelock polls a non-blocking lock; its default 50 ms leaves the lock idle most of
+        # the time when several processes queue for it, each holding it for a few ms
+        lock.acquire(timeout=timeout_s, poll_interval=_LOCK_POLL_S)
+    except Timeout:
+        raise SettingsError(
+            f"Settings were not saved to {target}: another qmgui (a window, a command or a"
+            f" script) held its lock {lock_file} for more than {timeout_s:g} s; nothing was"
+            " changed, try again when it is done."
+        ) from None
+    except OSError as exc:
+        raise SettingsError(
+            f"Could not save settings to {target}: {_os_reason(exc)}; check that"
+            f" {lock_file.parent} is a folder you can write to."
+        ) from exc
+    return lock
+
+
+@contextlib.contextmanager
+def settings_lock(path: Path | None = None, *, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[Path]:
+    """Hold the advisory lock of the settings file at `path` (default ``settings_path()``)
+    and yield that path. Other processes and other threads wait for it; the thread holding it
+    may take it again. Raises ``SettingsError`` (a sentence naming the file) when it is not
+    had within `timeout_s` seconds or its lock file cannot be created."""
+    target = path if path is not None else settings_path()
+    lock = _acquire(target, timeout_s)
+    try:
+        yield target
+    finally:
+        lock.release()
+
+
+# --- read-modify-write ------------------------------------------------------------------------
+
+
+def update_settings(
+    change: Callable[[Settings], Settings],
+    path: Path | None = None,
+    *,
+    timeout_s: float = LOCK_TIMEOUT_S,
+    clock: Callable[[], datetime] = _utc_now,
+) -> LoadResult:
+    """Change the settings file without losing another process's change: take the lock,
+    read the file as it is now (an unusable file is moved aside as ``load_settings`` does,
+    and `change` gets defaults), call ``change(current)``, write its result atomically when it
+    differs, let go. `change` may edit `current` in place and return it, or return a new
+    value; an exception it raises propagates and nothing is written.
+
+    Returns the settings now in the file (validated, as a later load reads them), with the
+    messages of the read (a file moved aside). Raises ``SettingsError`` when the lock is not
+    had in `timeout_s`, an unusable file could not be moved aside, the result is invalid or
+    the write fails."""
+    target = path if path is not None else settings_path()
+    return _update(target, lambda current, _found: change(current.settings), timeout_s, clock)
+
+
+def save_changes(
+    base: Settings,
+    ours: Settings,
+    path: Path | None = None,
+    *,
+    timeout_s: float = LOCK_TIMEOUT_S,
+    clock: Callable[[], datetime] = _utc_now,
+) -> LoadResult:
+    """Save what a holder of its own copy changed, `base` → `ours`, merged into the file as it
+    is now (``merge_settings``), under the lock: what another process changed meanwhile is
+    kept. With no usable file on disk (none yet, or one just moved aside) there is nothing to
+    merge with, and `ours` is written whole. Returns and raises as ``update_settings``."""
+    target = path if path is not None else settings_path()
+
+    def change(current: LoadResult, found: bool) -> Settings:
+        return merge_settings(base, ours, current.settings) if found else ours
+
+    return _update(target, change, timeout_s, clock)
+
+
+def _update(
+    target: Path,
+    change: Callable[[LoadResult, bool], Settings],
+    timeout_s: float,
+    clock: Callable[[], datetime],
+) -> LoadResult:
+    with settings_lock(target, timeout_s=timeout_s):
+        current, raw = _load_locked(target, clock)
+        if current.read_only:
+            raise SettingsError(f"Settings were not saved: {current.messages[0]}")
+        checked, payload = _checked(change(current, raw is not None), target)
+        if payload != raw:  # the same bytes: nothing changed (and no watcher is woken)
+            _write_atomic(target, Path(os.path.realpath(target)), payload)
+    return replace(current, settings=checked)
+
+
+_MISSING: Any = object()
+
+
+def merge_settings(base: Settings, ours: Settings, theirs: Settings) -> Settings:
+    """Three-way merge: the changes from `base` to `ours` applied to `theirs` (the file as
+    another process left it). Per value: one side changed it, that side wins; both did, ours
+    wins. Lists that are sets (roots, favourites, pins, a ★'s classes) merge by what each
+    side added and removed; lists of entries with unique ids or names (backends, run sets)
+    merge per entry; other lists (an override's extra arguments) are one side's whole.
+    When the merged whole is inconsistent (both sides gave one class its ★), each top-level
+    field we changed is taken from `ours` as a whole. Raises ``SettingsError`` if even that
+    is invalid."""
+    b, o, t = (s.model_dump(mode="json") for s in (base, ours, theirs))
+    try:
+        return Settings.model_validate(_merge3(b, o, t))
+    except ValidationError:
+        pass
+    fallback = {k: v for k, v in t.items() if not (k in b and k not in o)}
+    fallback.update({k: v for k, v in o.items() if b.get(k, _MISSING) != v})
+    try:
+        return Settings.model_validate(fallback)
+    except ValidationError as exc:
+        raise SettingsError(
+            "Settings were not saved: the change made here conflicts with one another qmgui"
+            f" made to the file meanwhile ({_summarise(exc)})."
+        ) from exc
+
+
+# Lists that are sets (order aside, each item means itself): merged by what each side added
+# and removed. Any other list (extra_args, splitter sizes) is a sequence: one side's whole.
+_SET_LISTS = frozenset(
+    {"model_roots", "favourites", "pinned", "model_ids", "default_for", "classes"}
+)
+
+
+def _merge3(base: Any, ours: Any, theirs: Any, key: str = "") -> Any:
+    if ours == base:
+        return theirs
+    if theirs in (base, ours):
+        return ours
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        return _merge_dicts(base if isinstance(base, dict) else {}, ours, theirs)
+    if isinstance(ours, list) and isinstance(theirs, list):
+        old = base if isinstance(base, list) else []
+        keyed = _merge_keyed(old, ours, theirs)
+        if keyed is not None:
+            return keyed
+        if key in _SET_LISTS and all(_unique_strings(x) for x in (old, ours, theirs)):
+            removed = set(old) - set(ours)
+            kept = [x for x in theirs if x not in removed]
+            return kept + [x for x in ours if x not in old and x not in kept]
+    return ours
+
+
+def _merge_dicts(
+    base: dict[str, Any], ours: dict[str, Any], theirs: dict[str, Any]
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in theirs.items():
+        if key in ours:
+            out[key] = _merge3(base.get(key, _MISSING), ours[key], value, key)
+        elif not (key in base and value == base[key]):
+            out[key] = value  # they added it, or changed what we removed
+        # else: we removed it and they left it alone
+    for key, value in ours.items():
+        if key not in theirs and not (key in base and value == base[key]):
+            out[key] = value  # we added it, or changed what they removed
+    return out
+
+
+def _unique_strings(items: list[Any]) -> bool:
+    return all(isinstance(x, str) for x in items) and len(set(items)) == len(items)
+
+
+def _keyed(items: list[Any], field: str) -> dict[str, Any] | None:
+    out: dict[str, Any] = {}
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get(field), str):
+            return None
+        if item[field] in out:
+            return None
+        out[item[field]] = item
+    return out
+
+
+def _merge_keyed(base: list[Any], ours: list[Any], theirs: list[Any]) -> list[Any] | None:
+    """Lists of entries keyed by "id" (backends) or "name" (run sets), merged per entry in
+    their order, then ours' new ones; None when the lists are not such lists."""
+    for field in ("id", "name"):
+        b, o, t = (_keyed(x, field) for x in (base, ours, theirs))
+        if b is not None and o is not None and t is not None:
+            merged = _merge_dicts(b, o, t)
+            order = [k for k in t if k in merged] + [k for k in o if k in merged and k not in t]
+            return [merged[k] for k in order]
+    return None
+
+
 # --- save -----------------------------------------------------------------------------------
 
 
 def save_settings(settings: Settings | LoadResult, path: Path | None = None) -> Path:
     """Write settings atomically and return the path written; raise ``SettingsError`` if not.
 
-    Given a ``LoadResult``, save its settings to the file it was loaded from, unless it is
-    ``read_only``. In every case an existing file that does not load cleanly is never
-    replaced: it may be the only copy of the user's settings, or a newer qmgui's.
+    This replaces the whole file with `settings`: for a read-modify-write use
+    ``update_settings`` or ``save_changes``, which keep another process's changes. It holds
+    the lock while it writes. Given a ``LoadResult``, save its settings to the file it was
+    loaded from, unless it is ``read_only``. In every case an existing file that does not load
+    cleanly is never replaced: it may be the only copy of the user's settings, or a newer
+    qmgui's.
     """
     if isinstance(settings, LoadResult):
         if settings.read_only:
@@ -497,10 +854,12 @@ def save_settings(settings: Settings | LoadResult, path: Path | None = None) -> 
     else:
         target = path or settings_path()
         model = settings
-    # Write through a symlink (dotfile managers) instead of replacing the link itself.
-    real = Path(os.path.realpath(target))
-    _refuse_to_destroy(target, real)
-    _write_atomic(target, real, _serialise(model, target))
+    payload = _checked(model, target)[1]
+    with settings_lock(target):
+        # Write through a symlink (dotfile managers) instead of replacing the link itself.
+        real = Path(os.path.realpath(target))
+        _refuse_to_destroy(target, real)
+        _write_atomic(target, real, payload)
     return target
 
 
@@ -516,21 +875,23 @@ def _refuse_to_destroy(target: Path, real: Path) -> None:
         ) from None
 
 
-def _serialise(model: Settings, target: Path) -> bytes:
+def _checked(model: Settings, target: Path) -> tuple[Settings, bytes]:
+    """`model` validated again (lists and dicts may have been changed in place since the last
+    check; the validators normalise, so this is what a later load reads) and the bytes to
+    store; ``SettingsError`` when it cannot be stored."""
     try:
-        # Validate again: lists and dicts may have been changed in place since the last check.
         checked = Settings.model_validate(model.model_dump())
         data = checked.model_dump(mode="json")
-        text = json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False)
+        text = json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False)
     except ValidationError as exc:
         raise SettingsError(
             f"Settings were not saved to {target} because they are invalid ({_summarise(exc)})."
         ) from exc
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise SettingsError(
             f"Settings were not saved to {target}: a value cannot be stored as JSON ({exc})."
         ) from exc
-    return (text + "\n").encode("utf-8")
+    return checked, (text + "\n").encode("utf-8")
 
 
 def _write_atomic(target: Path, real: Path, payload: bytes) -> None:

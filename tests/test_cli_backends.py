@@ -326,7 +326,7 @@ def test_a_failed_save_exits_1(exe: Path, monkeypatch: pytest.MonkeyPatch) -> No
     def fail(*_args: object, **_kw: object) -> Path:
         raise SettingsError("Could not save settings to x: disk full")
 
-    monkeypatch.setattr("qmgui.cli.backends.save_settings", fail)
+    monkeypatch.setattr("qmgui.cli.backends.update_settings", fail)
     code, out, err = run("add", "a", "--kind", "llama", "--exe", str(exe))
     assert (code, out) == (1, "")
     assert "Could not save settings to x: disk full" in err

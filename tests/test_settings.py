@@ -57,6 +57,11 @@ needs_posix_permissions = pytest.mark.skipif(
 )
 
 
+def files(folder: Path) -> list[str]:
+    """The names in `folder` but the advisory lock file, which stays beside the settings."""
+    return sorted(p.name for p in folder.iterdir() if p.name != "settings.json.lock")
+
+
 def fixed_clock() -> datetime:
     return FIXED_TIME
 
@@ -337,6 +342,41 @@ DUPLICATE_IDS = json.dumps(
             b'{"schema_version": "1"}', ["schema_version that is not a whole number"], id="ver"
         ),
         pytest.param(b'{"schema_version": -1}', ["impossible schema_version"], id="neg-ver"),
+        # hostile values: each was a traceback on main, or loaded and broke a scan later
+        pytest.param(
+            b'{"schema_version": 1, "model_roots": ["/m\\u0000/x"]}',
+            ["holds a NUL character (\\u0000) in model_roots[0]"],
+            id="nul-in-a-root",
+        ),
+        pytest.param(
+            b'{"backends": [{"id": "a\\u0000", "kind": "llama", "executable": "/x"}]}',
+            ["holds a NUL character (\\u0000) in backends[0].id"],
+            id="nul-in-an-id",
+        ),
+        pytest.param(
+            b'{"mine": {"k\\u0000": 1}}', ["holds a NUL character", "mine (a key)"], id="nul-key"
+        ),
+        pytest.param(
+            b'{"schema_version": 1' + b"1" * 4999 + b"}",
+            ["holds a number with 5,000 digits (a setting has at most 20)"],
+            id="5000-digit-version",
+        ),
+        pytest.param(
+            b'{"ui": {"gpu_reserve_mib": -' + b"9" * 5000 + b"}}",
+            ["holds a number with 5,000 digits"],
+            id="5000-digit-value",
+        ),
+        pytest.param(b'{"mine": Infinity}', ["holds Infinity"], id="infinity"),
+        pytest.param(b'{"mine": [NaN]}', ["holds NaN"], id="nan"),
+        pytest.param(b'{"mine": 1e999}', ["holds a number too large"], id="huge-float"),
+        pytest.param(
+            b'{"mine": ' + b"[" * 100 + b"]" * 100 + b"}",
+            ["is nested more than 64 levels deep"],
+            id="deep",
+        ),
+        pytest.param(
+            b"[" * 100_000 + b"]" * 100_000, ["is nested too deeply"], id="deeper-than-python"
+        ),
     ],
 )
 def test_unusable_file_is_moved_aside(cfg: Path, content: bytes, key_words: list[str]) -> None:
@@ -358,6 +398,43 @@ def test_aside_name_uses_the_utc_time_and_a_counter(cfg: Path) -> None:
     assert [p.read_bytes() for p in (first.moved_aside, second.moved_aside)] == [
         b"nope 1",
         b"nope 2",
+    ]
+
+
+def test_old_copies_are_pruned_to_the_newest_five(cfg: Path) -> None:
+    """Each new copy deletes the oldest ones beyond five; the new one always stays (even when
+    the clock is behind the names), and a folder that was moved aside is left alone."""
+    path = cfg / "settings.json"
+    cfg.mkdir()
+    (cfg / "settings.json.bad-20190101T000000").mkdir()  # a folder: never pruned
+    olds = [write(cfg / f"settings.json.bad-2025010{i}T000000", b"old") for i in range(1, 8)]
+    write(cfg / "settings.json.bad-notes.txt", b"not a copy")  # not the pattern: kept
+    result = load_settings(write(path, b"{broken"), clock=fixed_clock)
+    aside = result.moved_aside
+    assert aside == cfg / "settings.json.bad-20240506T070809"
+    assert aside.read_bytes() == b"{broken"
+    left = files(cfg)
+    assert left == sorted(
+        [
+            "settings.json.bad-20190101T000000",
+            aside.name,
+            *(p.name for p in olds[3:]),
+            "settings.json.bad-notes.txt",
+        ]
+    )
+    # the shared helper, as the cache and the run registry use it
+    from qmgui.keep_aside import aside_copies, move_aside
+
+    other = write(cfg / "engines.json", b"x")
+    for _ in range(7):
+        moved = move_aside(other, when=FIXED_TIME, keep=3)
+        assert moved.read_bytes() == b"x"
+        write(other, b"x")
+    copies = aside_copies(other)
+    assert [p.name for p in copies] == [
+        "engines.json.bad-20240506T070809-4",
+        "engines.json.bad-20240506T070809-5",
+        "engines.json.bad-20240506T070809-6",
     ]
 
 
@@ -438,7 +515,7 @@ def test_read_only_folder_keeps_the_file_and_blocks_saving(cfg: Path) -> None:
         assert_kept_read_only(result, path, b"{broken")
     finally:
         cfg.chmod(0o755)
-    assert sorted(p.name for p in cfg.iterdir()) == ["settings.json"]
+    assert files(cfg) == ["settings.json"]
 
 
 def test_failed_move_aside_keeps_the_file_and_blocks_saving(
@@ -522,7 +599,7 @@ def test_a_missing_migration_is_reported(cfg: Path, monkeypatch: pytest.MonkeyPa
 def test_save_leaves_no_temp_files(cfg: Path) -> None:
     save_settings(full_settings())
     save_settings(Settings())
-    assert [p.name for p in cfg.iterdir()] == ["settings.json"]
+    assert files(cfg) == ["settings.json"]
 
 
 def test_save_into_a_file_instead_of_a_folder_fails(tmp_path: Path) -> None:
@@ -556,7 +633,7 @@ def test_a_failed_save_keeps_the_previous_file(
     assert str(path) in str(caught.value)
     monkeypatch.undo()
     assert path.read_bytes() == before
-    assert [p.name for p in cfg.iterdir()] == ["settings.json"]
+    assert files(cfg) == ["settings.json"]
 
 
 def test_save_refuses_to_overwrite_a_file_it_cannot_load(cfg: Path) -> None:
@@ -594,3 +671,163 @@ def test_save_writes_through_a_symlink(cfg: Path, tmp_path: Path) -> None:
     assert (cfg / "settings.json").is_symlink()
     assert json.loads(real.read_text("utf-8"))["model_roots"] == ["/m"]
     assert sorted(p.name for p in real.parent.iterdir()) == ["qmgui.json"]
+
+
+# --- read-modify-write ------------------------------------------------------------------------
+
+
+def test_update_applies_the_change_to_the_file_as_it_is_now(cfg: Path) -> None:
+    from qmgui.settings import update_settings
+
+    stale = load_settings()  # before anyone wrote
+    save_settings(Settings(model_roots=["/by-another-process"]))
+
+    def add_root(current: Settings) -> Settings:
+        current.model_roots.append("/mine")  # in place is fine too
+        return current
+
+    saved = update_settings(add_root)
+    assert saved.settings.model_roots == ["/by-another-process", "/mine"]
+    assert load_settings().settings.model_roots == ["/by-another-process", "/mine"]
+    assert stale.settings.model_roots == []
+
+
+def test_update_that_changes_nothing_does_not_write(cfg: Path) -> None:
+    from qmgui.settings import update_settings
+
+    path = save_settings(full_settings())
+    before = path.stat()
+    update_settings(lambda s: s.model_copy())
+    after = path.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
+def test_update_that_raises_writes_nothing(cfg: Path) -> None:
+    from qmgui.settings import update_settings
+
+    path = save_settings(full_settings())
+    before = path.read_bytes()
+
+    def refuse(current: Settings) -> Settings:
+        current.model_roots.append("/half-done")
+        raise LookupError("changed my mind")
+
+    with pytest.raises(LookupError):
+        update_settings(refuse)
+    assert path.read_bytes() == before
+    # the lock was let go: the next update goes through at once
+    update_settings(lambda s: s.model_copy(update={"model_roots": ["/x"]}), timeout_s=0.5)
+    assert load_settings().settings.model_roots == ["/x"]
+
+
+def test_update_of_an_unusable_file_moves_it_aside_and_says_so(cfg: Path) -> None:
+    from qmgui.settings import update_settings
+
+    path = write(cfg / "settings.json", b'{"model_roots": ["/a\\u0000"]}')
+    saved = update_settings(lambda s: s.model_copy(update={"model_roots": ["/new"]}))
+    (message,) = saved.messages
+    assert saved.moved_aside is not None
+    assert str(path) in message and str(saved.moved_aside) in message
+    assert saved.moved_aside.read_bytes() == b'{"model_roots": ["/a\\u0000"]}'
+    assert load_settings().settings.model_roots == ["/new"]
+
+
+def test_update_refuses_a_file_it_could_not_move_aside(
+    cfg: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from qmgui.settings import update_settings
+
+    path = write(cfg / "settings.json", b"{broken")
+
+    def refuse(self: Path, target: Path) -> Path:
+        raise PermissionError(errno.EACCES, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "rename", refuse)
+    with pytest.raises(
+        SettingsError, match=r"^Settings were not saved: Settings file .* not valid"
+    ):
+        update_settings(lambda s: s.model_copy(update={"model_roots": ["/new"]}))
+    assert path.read_bytes() == b"{broken"
+
+
+def test_merge_keeps_both_sides_changes() -> None:
+    from qmgui.settings import merge_settings
+
+    a = BackendEntry(id="a", kind="llama", executable="/a")
+    base = Settings(model_roots=["/r1", "/r2"], backends=[a], favourites=["m1"])
+    # the window: a root added, one removed, a ★ given to "a", the sort changed
+    ours = base.model_copy(deep=True)
+    ours.model_roots = ["/r1", "/win"]
+    ours.backends[0].default_for = ["llm"]
+    ours.ui.sort_column = "size"
+    # the CLI meanwhile: a root and a backend added, a favourite removed, the reserve changed
+    theirs = base.model_copy(deep=True)
+    theirs.model_roots = ["/r1", "/r2", "/cli"]
+    theirs.backends.append(BackendEntry(id="b", kind="vllm", executable="/b"))
+    theirs.favourites = []
+    theirs.ui.gpu_reserve_mib = 1024
+    merged = merge_settings(base, ours, theirs)
+    assert merged.model_roots == ["/r1", "/cli", "/win"]
+    assert [(b.id, b.default_for) for b in merged.backends] == [("a", ["llm"]), ("b", [])]
+    assert merged.favourites == []
+    assert merged.ui.sort_column == "size"
+    assert merged.ui.gpu_reserve_mib == 1024
+    # nothing changed here: theirs as it is
+    assert merge_settings(base, base.model_copy(deep=True), theirs) == theirs
+
+
+def test_merge_of_a_conflict_takes_our_field_whole() -> None:
+    from qmgui.settings import merge_settings
+
+    base = Settings(
+        backends=[
+            BackendEntry(id="a", kind="llama", executable="/a"),
+            BackendEntry(id="b", kind="llama", executable="/b"),
+        ]
+    )
+    ours = base.model_copy(deep=True)
+    ours.backends[0].default_for = ["llm"]
+    theirs = base.model_copy(deep=True)
+    theirs.backends[1].default_for = ["llm"]  # both gave llm its ★: one must win
+    theirs.model_roots = ["/cli"]
+    merged = merge_settings(base, ours, theirs)
+    assert [(b.id, b.default_for) for b in merged.backends] == [("a", ["llm"]), ("b", [])]
+    assert merged.model_roots == ["/cli"]
+
+
+def test_save_changes_without_a_file_writes_ours_whole(cfg: Path) -> None:
+    from qmgui.settings import save_changes
+
+    base = Settings(model_roots=["/given-at-start"])
+    ours = base.model_copy(update={"favourites": ["m"]})
+    saved = save_changes(base, ours)
+    assert saved.settings.model_roots == ["/given-at-start"]
+    assert load_settings().settings.favourites == ["m"]
+    assert load_settings().settings.model_roots == ["/given-at-start"]
+
+
+def test_save_changes_merges_into_the_file(cfg: Path) -> None:
+    from qmgui.settings import save_changes, update_settings
+
+    base = load_settings(save_settings(Settings(model_roots=["/a"]))).settings
+    update_settings(lambda s: s.model_copy(update={"model_roots": [*s.model_roots, "/cli"]}))
+    saved = save_changes(base, base.model_copy(update={"pinned": ["m"]}))
+    assert saved.settings.model_roots == ["/a", "/cli"]
+    assert saved.settings.pinned == ["m"]
+    assert load_settings().settings == saved.settings
+
+
+def test_merge_takes_an_argument_list_whole() -> None:
+    """Extra arguments are a sequence, not a set: mixing both sides' would make an argv neither
+    side wrote (["--ctx", "--jinja", "8192"])."""
+    from qmgui.settings import merge_settings
+
+    base = Settings(model_overrides={"m": ModelOverride(extra_args=["--ctx", "4096"])})
+    ours = base.model_copy(deep=True)
+    ours.model_overrides["m"].extra_args = ["--ctx", "8192"]
+    theirs = base.model_copy(deep=True)
+    theirs.model_overrides["m"].extra_args = ["--ctx", "4096", "--jinja"]
+    theirs.model_overrides["m"].parallel = 2
+    merged = merge_settings(base, ours, theirs)
+    assert merged.model_overrides["m"].extra_args == ["--ctx", "8192"]
+    assert merged.model_overrides["m"].parallel == 2

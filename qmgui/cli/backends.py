@@ -1,9 +1,13 @@
 """`qmgui backends`: list, add, remove and ★ the engines in the backend registry.
 
 Every command loads the settings file, changes the registry through the pure core
-(`qmgui.core.backends`) and saves it atomically. A settings file that could not be loaded
-(and could not be moved aside) is never written over: the command says so and exits 1.
-Nothing here probes an executable; `add` only checks that it is there and runnable.
+(`qmgui.core.backends`) and saves it with `qmgui.settings.update_settings`: under the settings
+lock, applied to the file as it is at that moment, so two commands (or a command and the
+window) running at once never lose each other's entries; a check that another process made
+false meanwhile (the id was taken) is a usage error, not a silent overwrite. A settings file
+that could not be loaded (and could not be moved aside) is never written over: the command
+says so and exits 1. `add` checks that the executable is there and runnable and probes it
+before it takes the lock.
 
 Exit status: 0 done, 1 the settings could not be read or written, 2 a usage error (an unknown
 kind, class or id, a ★ for a class the kind does not serve, a duplicate id).
@@ -12,11 +16,10 @@ kind, class or id, a ★ for a class the kind does not serve, a duplicate id).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, TextIO
 
@@ -36,7 +39,7 @@ from qmgui.core.backends import (
     sort_classes,
 )
 from qmgui.core.errors import SettingsError
-from qmgui.settings import BackendEntry, LoadResult, load_settings, save_settings
+from qmgui.settings import BackendEntry, LoadResult, Settings, load_settings, update_settings
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -147,20 +150,43 @@ def _registry(loaded: LoadResult) -> tuple[Backend, ...]:
     return tuple(entry.to_core() for entry in loaded.settings.backends)
 
 
-def _save(loaded: LoadResult, backends: Sequence[Backend]) -> int:
-    """Store `backends` as the registry; entries that already existed keep their unknown keys."""
-    old = {entry.id: entry for entry in loaded.settings.backends}
+class _Refused(Exception):
+    """A change that the registry as it is on disk now does not allow (a usage error)."""
+
+
+def _save(
+    change: Callable[[tuple[Backend, ...]], tuple[Backend, ...]],
+) -> tuple[int, LoadResult | None]:
+    """Apply `change` to the registry as it is in the file now, under the settings lock, and
+    store the result; entries that already existed keep their unknown keys. `change` raises
+    `_Refused` (its sentence is the usage error) when it cannot apply. Returns the exit status
+    and, when it is EXIT_OK, the settings as saved."""
+
+    def mutate(settings: Settings) -> Settings:
+        cores = [entry.to_core() for entry in settings.backends]
+        old = {entry.id: entry for entry in settings.backends}
+        same = {id(core): entry for core, entry in zip(cores, settings.backends, strict=True)}
+        backends = change(tuple(cores))
+        # an entry `change` handed back untouched is stored as it was (no rebuild per entry)
+        entries = [
+            same.get(id(b)) or BackendEntry.from_core(b, base=old.get(b.id)) for b in backends
+        ]
+        return settings.model_copy(update={"backends": entries})
+
     try:
-        entries = [BackendEntry.from_core(b, base=old.get(b.id)) for b in backends]
-        settings = loaded.settings.model_copy(update={"backends": entries})
-        save_settings(dataclasses.replace(loaded, settings=settings))
+        saved = update_settings(mutate)
+    except _Refused as e:
+        notify.error(str(e), source=SOURCE)
+        return EXIT_USAGE, None
     except SettingsError as e:
         notify.error(str(e), source=SOURCE)
-        return EXIT_FAILED
+        return EXIT_FAILED, None
     except ValueError as e:  # pydantic refused a value the checks above let through
         notify.error(f"The backends were not changed: {e}", source=SOURCE)
-        return EXIT_USAGE
-    return EXIT_OK
+        return EXIT_USAGE, None
+    for message in saved.messages:  # the file went bad since the first read: moved aside
+        notify.warning(message, source="settings")
+    return EXIT_OK, saved
 
 
 # --- list -----------------------------------------------------------------------------------
@@ -259,8 +285,8 @@ def cmd_add(args: argparse.Namespace, out: TextIO) -> int:
     loaded = _load_for_change()
     if loaded is None:
         return EXIT_FAILED
-    backends = _registry(loaded)
-    problem = check_add_args(args, backends)
+    registry = _registry(loaded)
+    problem = check_add_args(args, registry)
     if problem is not None:
         notify.error(problem, source=SOURCE)
         return EXIT_USAGE
@@ -272,30 +298,51 @@ def cmd_add(args: argparse.Namespace, out: TextIO) -> int:
         classes=frozenset(args.classes),
         family=(args.family or "").strip() or None,
     )
-    updated = (*backends, new)
-    for model_class in sort_classes(args.default_for):
-        problem = default_problem(updated, new.id, model_class)
-        if problem is not None:
-            notify.error(problem, source=SOURCE)
-            return EXIT_USAGE
-        before = default_for_class(updated, model_class)
-        updated = set_default(updated, new.id, model_class)
-        if before is not None:
-            notify.info(
-                f"★ for {model_class} moved from {before.id!r} to {new.id!r}", source=SOURCE
-            )
+    stars = sort_classes(args.default_for)
+    try:  # a ★ the kind cannot take is a usage error before the probe, not after
+        _added(registry, new, stars, [])
+    except _Refused as e:
+        notify.error(str(e), source=SOURCE)
+        return EXIT_USAGE
     warning = executable_warning(new.executable)
     if warning is not None:
         notify.warning(warning, source=SOURCE)
     elif not args.no_probe:
-        # probe the entry as it stands in the registry (with any ★ it was just given)
-        updated = tuple(_probed(b) if b.id == new.id else b for b in updated)
-        new = next(b for b in updated if b.id == new.id)
-    status = _save(loaded, updated)
+        new = _probed(new)  # before the lock: a probe takes seconds
+    moved: list[str] = []
+
+    def change(backends: tuple[Backend, ...]) -> tuple[Backend, ...]:
+        # checked again on the registry as it is now: another process may have added this id
+        problem = check_add_args(args, backends)
+        if problem is not None:
+            raise _Refused(problem)
+        moved.clear()
+        return _added(backends, new, stars, moved)
+
+    status, _saved = _save(change)
     if status == EXIT_OK:
+        for note in moved:
+            notify.info(note, source=SOURCE)
         serves = ", ".join(sort_classes(new.served_classes))
         print(f"added {new.id} ({new.kind}: {serves}) -> {new.executable}", file=out)
     return status
+
+
+def _added(
+    backends: tuple[Backend, ...], new: Backend, stars: Sequence[str], moved: list[str]
+) -> tuple[Backend, ...]:
+    """`backends` with `new` appended and made the ★ of `stars`; each ★ taken from another
+    entry is said in `moved`. Raises `_Refused` for a ★ that cannot be given."""
+    updated = (*backends, new)
+    for model_class in stars:
+        problem = default_problem(updated, new.id, model_class)
+        if problem is not None:
+            raise _Refused(problem)
+        before = default_for_class(updated, model_class)
+        updated = set_default(updated, new.id, model_class)
+        if before is not None:
+            moved.append(f"★ for {model_class} moved from {before.id!r} to {new.id!r}")
+    return updated
 
 
 def _probed(b: Backend) -> Backend:
@@ -321,18 +368,21 @@ def _probed(b: Backend) -> Backend:
 
 
 def cmd_remove(args: argparse.Namespace, out: TextIO) -> int:
-    loaded = _load_for_change()
-    if loaded is None:
+    if _load_for_change() is None:
         return EXIT_FAILED
-    backends = _registry(loaded)
-    gone = find_backend(backends, args.id)
-    if gone is None:
-        notify.error(f"no backend has the id {args.id!r}", source=SOURCE)
-        return EXIT_USAGE
-    kept = tuple(b for b in backends if b.id != args.id)
-    status = _save(loaded, kept)
-    if status != EXIT_OK:
+    removed: list[Backend] = []
+
+    def change(backends: tuple[Backend, ...]) -> tuple[Backend, ...]:
+        gone = find_backend(backends, args.id)
+        if gone is None:
+            raise _Refused(f"no backend has the id {args.id!r}")
+        removed[:] = [gone]
+        return tuple(b for b in backends if b.id != args.id)
+
+    status, saved = _save(change)
+    if status != EXIT_OK or saved is None:
         return status
+    gone, kept = removed[0], _registry(saved)
     print(f"removed {gone.id} ({gone.kind})", file=out)
     for model_class in sort_classes(gone.default_for):
         heir = next((b for b in kept if b.serves(model_class)), None)
@@ -342,7 +392,7 @@ def cmd_remove(args: argparse.Namespace, out: TextIO) -> int:
             else (f"no backend serves {model_class} now")
         )
         notify.info(f"{model_class} has no ★ default now; {then}", source=SOURCE)
-    pins = sum(1 for o in loaded.settings.model_overrides.values() if o.backend_id == args.id)
+    pins = sum(1 for o in saved.settings.model_overrides.values() if o.backend_id == args.id)
     if pins:
         notify.warning(
             f"{pins} model pin(s) name {args.id!r}; those models use their class's ★ default"
@@ -357,20 +407,27 @@ def cmd_remove(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_default(args: argparse.Namespace, out: TextIO) -> int:
-    loaded = _load_for_change()
-    if loaded is None:
+    if _load_for_change() is None:
         return EXIT_FAILED
-    backends = _registry(loaded)
-    problem = default_problem(backends, args.id, args.model_class)
-    if problem is not None:
-        notify.error(problem, source=SOURCE)
-        return EXIT_USAGE
-    before = default_for_class(backends, args.model_class)
+    was: list[Backend | None] = []
+
+    def change(backends: tuple[Backend, ...]) -> tuple[Backend, ...]:
+        problem = default_problem(backends, args.id, args.model_class)
+        if problem is not None:
+            raise _Refused(problem)
+        before = default_for_class(backends, args.model_class)
+        was[:] = [before]
+        if before is not None and before.id == args.id:
+            return backends  # nothing to write
+        return set_default(backends, args.id, args.model_class)
+
+    status, _saved = _save(change)
+    if status != EXIT_OK:
+        return status
+    before = was[0]
     if before is not None and before.id == args.id:
         print(f"{args.id} is already the ★ default for {args.model_class}", file=out)
         return EXIT_OK
-    status = _save(loaded, set_default(backends, args.id, args.model_class))
-    if status == EXIT_OK:
-        was = f" (was {before.id})" if before is not None else ""
-        print(f"★ {args.id} is now the default for {args.model_class}{was}", file=out)
-    return status
+    was_text = f" (was {before.id})" if before is not None else ""
+    print(f"★ {args.id} is now the default for {args.model_class}{was_text}", file=out)
+    return EXIT_OK

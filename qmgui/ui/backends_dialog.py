@@ -2,8 +2,10 @@
 
 The dialog works on a copy of the registry (`Backend` values from `qmgui.core.backends`):
 Add, Edit, Remove (with Undo until the dialog closes) and ★ per class change the copy, and
-Save writes it atomically with `save_settings`. A settings file that could not be loaded (a
-`LoadResult` that is `read_only`) is never written over: the dialog says so and Save stays off.
+Save writes what changed with `save_changes`: merged, under the settings lock, into the file as
+it is at that moment, so an entry the CLI added while the dialog was open is kept. A settings
+file that could not be loaded (a `LoadResult` that is `read_only`) is never written over: the
+dialog says so and Save stays off.
 
 Probing runs the engine binary (`qmgui.engines.probe.probe`), so it runs on a worker thread
 (`LatestWins`); the editor shows what it found (version, devices, problems) before the entry is
@@ -19,8 +21,8 @@ Open it from the main window with::
     dialog.saved.connect(self._on_backends_saved)  # gets the LoadResult that was written
     dialog.open()
 
-The window must adopt the saved `LoadResult` (its own copy of the settings is stale after a
-save, and storing that copy later would put the old registry back).
+The window must adopt the saved `LoadResult` (the settings as they are in the file after the
+save, other processes' changes included).
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ from qmgui.core.backends import (
 from qmgui.core.discovery import ModelEntry
 from qmgui.core.errors import SettingsError
 from qmgui.core.probe import ProbeResult
-from qmgui.settings import BackendEntry, LoadResult, load_settings, save_settings
+from qmgui.settings import BackendEntry, LoadResult, load_settings, save_changes
 from qmgui.ui.workers import LatestWins
 
 __all__ = ["COLUMNS", "NO_DEFAULT", "BackendEditor", "BackendsDialog", "Prober", "with_probe"]
@@ -714,13 +716,20 @@ class BackendsDialog(QDialog):
         try:
             entries = [BackendEntry.from_core(b, base=old.get(b.id)) for b in self._backends]
             settings = self._loaded.settings.model_copy(update={"backends": entries})
-            loaded = dataclasses.replace(self._loaded, settings=settings)
-            path = save_settings(loaded)
+            saved = save_changes(self._loaded.settings, settings, self._loaded.path)
         except (SettingsError, ValueError) as e:
             self.status.setText(f"Not saved: {e}")
             notify.error(f"The backends were not saved: {e}", source=SOURCE)
             return False
-        self._loaded = dataclasses.replace(loaded, path=path)
+        for message in saved.messages:  # the file had gone bad: moved aside, ours written
+            notify.warning(message, source="settings")
+        path = saved.path or self._loaded.path
+        self._loaded = dataclasses.replace(self._loaded, settings=saved.settings, path=path)
+        # the registry as saved: entries another process added meanwhile show up here too
+        fresh = tuple(e.to_core() for e in saved.settings.backends)
+        if fresh != self._backends:
+            self._backends = fresh
+            self._refresh()
         self._dirty = False
         self.status.setText(f"Saved to {path}.")
         self._refresh_buttons()

@@ -1,6 +1,12 @@
 """The main window: a composition root. It builds the small widgets, owns the workers and the
 settings, and wires them together in `_connect_signals()`; each widget only shows what it is
-given and says what the user did."""
+given and says what the user did.
+
+The window keeps its own copy of the settings, but the file is shared with the CLI, scripts
+and other windows: a change made here is saved as what changed (`save_changes`: merged into
+the file as it is now, under the settings lock), and a change another process made is read
+back (`SettingsWatch`) and shown: roots rescanned, the registry's plans and badges redone,
+favourites, pins and run sets refreshed."""
 
 from __future__ import annotations
 
@@ -40,7 +46,14 @@ from qmgui.core.discovery import ModelEntry, ScanResult
 from qmgui.core.fit import FitResult
 from qmgui.core.launch import LaunchSettings
 from qmgui.core.units import MIB
-from qmgui.settings import LoadResult, ModelOverride, Settings, load_settings, save_settings
+from qmgui.settings import (
+    LoadResult,
+    ModelOverride,
+    Settings,
+    load_settings,
+    save_changes,
+    settings_path,
+)
 from qmgui.stores import common_model_folders, default_store_roots
 from qmgui.ui import hardware
 from qmgui.ui.backends_dialog import BackendsDialog
@@ -61,6 +74,7 @@ from qmgui.ui.planning import (
 )
 from qmgui.ui.preview_pane import PreviewPane
 from qmgui.ui.run_sets_menu import ModelActions, RunSetsMenu
+from qmgui.ui.settings_watch import SettingsWatch
 from qmgui.ui.tray import CloseDecision, QuitChoice, RunnerEngines, Tray, app_icon
 from qmgui.ui.vram_bar import MemoryPanel, bars_for
 from qmgui.ui.workers import Breather, LatestWins, ScanRunner
@@ -111,7 +125,8 @@ class MainWindow(QMainWindow):
     """The model library, the plan of the selected model, its memory and its command.
 
     `roots` replaces the configured roots and the stores (the screenshot mode); `persist=False`
-    writes no settings. `probe=False` skips running the engine's `--help` (tests)."""
+    writes no settings and does not follow the file. `probe=False` skips running the engine's
+    `--help` (tests)."""
 
     _message = Signal(object)  # a notify.Message, posted from any thread
     settled = Signal()  # scan, badges and plan all done
@@ -133,6 +148,8 @@ class MainWindow(QMainWindow):
         self._loaded = loaded or load_settings()
         self._roots_override = list(roots) if roots is not None else None
         self._persist = persist
+        self._settings_path = self._loaded.path or settings_path()
+        self.settings_watch: SettingsWatch | None = None  # made once the window is built
         self._resolver = Resolver(self._loaded, probe=probe)
         self._host = hardware.this_machine()
         self._hardware = self._host
@@ -159,6 +176,10 @@ class MainWindow(QMainWindow):
         self._connect_signals()
         self._restore_state()
         self.set_hardware(hardware_choice or hardware.THIS_MACHINE)
+        # follow the file: the CLI or a script may change it while the window is open
+        if persist:
+            self.settings_watch = SettingsWatch(self._settings_path, self)
+            self.settings_watch.changed.connect(self._on_settings_file_changed)
 
     # --- building ---------------------------------------------------------------------------
     def _build_widgets(self) -> None:
@@ -479,14 +500,59 @@ class MainWindow(QMainWindow):
         self._store(self.settings.model_copy(update={"ui": ui}))
 
     def _store(self, settings: Settings) -> None:
-        self._loaded = replace(self._loaded, settings=settings)
-        self._resolver.loaded = self._loaded
+        """Take `settings` (the window's copy with one change) and save what changed: merged
+        into the file as it is now, so a change another process made meanwhile is kept, and
+        then shown here."""
+        base = self.settings
+        self._set_settings(settings)
         if not self._persist or self._loaded.read_only:
             return
         try:
-            save_settings(self._loaded)
+            saved = save_changes(base, settings, self._settings_path)
         except Exception as e:  # a settings file that cannot be written is a message
             notify.error(f"settings not saved: {e}", source=SOURCE)
+            return
+        if self.settings_watch is not None:
+            self.settings_watch.wrote()
+        for message in saved.messages:  # the file was unusable: moved aside, ours written
+            notify.warning(message, source="settings")
+        self._adopt(saved.settings)
+
+    def _set_settings(self, settings: Settings) -> None:
+        self._loaded = replace(self._loaded, settings=settings)
+        self._resolver.loaded = self._loaded
+
+    def _on_settings_file_changed(self, settings: object) -> None:
+        """Another process changed the file: take its settings (the file loads cleanly now,
+        so a window that could not save before can again)."""
+        assert isinstance(settings, Settings)
+        if settings == self.settings and not self._loaded.read_only:
+            return  # our own save, or a change that changed nothing
+        self._loaded = replace(self._loaded, read_only=False)
+        self._adopt(settings)
+
+    def _adopt(self, settings: Settings) -> None:
+        """Make `settings` the window's and redo what depends on the parts that differ from
+        what the window had: the roots (rescan), the registry, pins and GPU reserve (plan and
+        badges), favourites, pins and run sets (tray and actions). Window layout is the
+        window's own and is not applied."""
+        before, roots_before = self.settings, self.roots()
+        self._set_settings(settings)
+        if before == settings:
+            return
+        if self.roots() != roots_before and self._scanned:
+            self.rescan()
+        planning = ("backends", "model_overrides")
+        if any(getattr(before, k) != getattr(settings, k) for k in planning) or (
+            before.ui.gpu_reserve_mib != settings.ui.gpu_reserve_mib
+        ):
+            self._schedule_plan()
+            self._refresh_badges(clear=False)
+        if any(
+            getattr(before, k) != getattr(settings, k) for k in ("favourites", "pinned", "run_sets")
+        ):
+            self._update_tray_lists()
+            self.model_actions.sync()
 
     # --- scanning and roots -----------------------------------------------------------------
     def start(self) -> None:
@@ -859,8 +925,10 @@ class MainWindow(QMainWindow):
         dialog.open()
 
     def _on_backends_saved(self, loaded: LoadResult) -> None:
-        self._loaded = loaded
-        self._resolver.loaded = loaded
+        if self.settings_watch is not None:
+            self.settings_watch.wrote()
+        self._loaded = replace(self._loaded, read_only=loaded.read_only)
+        self._adopt(loaded.settings)
         self._schedule_plan()
         self._refresh_badges()  # the Backend column follows the registry
 
@@ -868,6 +936,8 @@ class MainWindow(QMainWindow):
         """Stop and join every worker; forget the notifier (safe to call twice)."""
         self.replan_timer.stop()
         self._unsubscribe()
+        if self.settings_watch is not None:
+            self.settings_watch.stop()
         self.scanner.wait()
         for worker in (self.planner, self.badger, self.fitter, self.offerer):
             worker.cancel()
