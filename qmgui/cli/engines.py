@@ -1,8 +1,12 @@
-"""`qmgui engines list|stop|adopt`: engines an earlier qmgui run started and left running.
+"""`qmgui engines list|stop|adopt`: the engines qmgui started that still run.
 
-`list` shows the run registry's survivors (the very processes recorded: same pid and start
-time); `stop PID…` (or `--all`) ends each one's whole process tree; `adopt PID` watches one
-until it exits or Ctrl-C stops it (without logs: its output went to the run that started it).
+`list` shows the run registry's running engines, whichever qmgui runs them (this window, a
+`qmgui serve` in another terminal) or none (left by a run that is gone: "left running"). An
+engine runs while the very process recorded does (same pid and start time, not a zombie) or,
+when a wrapper script that started it died, while a member of its process group carries its
+token; stale entries are dropped. `stop PID…` (or `--all`) ends each one's whole process tree
+and group; `adopt PID` watches one until it exits or Ctrl-C stops it (without logs: its output
+went to the run that started it); SIGINT, SIGTERM and SIGHUP stop it alike.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any, TextIO
 
 from qmgui import notify
 from qmgui.core.errors import EngineError
+from qmgui.core.textsafe import printable
 from qmgui.engines.adopt import Adopted
 from qmgui.engines.registry import RunEntry, RunRegistry
 
@@ -23,13 +28,18 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 SOURCE = "engines"
+# every signal that means "stop": Ctrl-C, a kill, the terminal closing
+STOP_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "engines",
-        help="list, stop or adopt engines an earlier qmgui run left running",
-        description="Engines qmgui started in an earlier run that still run.",
+        help="list, stop or adopt the engines qmgui started that still run",
+        description="Engines qmgui started that still run: in this or another qmgui, or left "
+        "running by one that is gone.",
     )
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
     ls = verbs.add_parser("list", help="list them")
@@ -46,36 +56,63 @@ def register(sub: Any) -> None:
     ad.set_defaults(func=cmd_adopt)
 
 
+def _owner_words(e: RunEntry) -> str:
+    return f"run by qmgui pid {e.owner}" if e.owner_alive() else "left running"
+
+
 def _describe(e: RunEntry) -> str:
     port = f"port {e.port}" if e.port is not None else "no known port"
-    return f"{e.pid}  {port}  {' '.join(e.argv)}"
+    return printable(f"{e.pid}  {port}  {_owner_words(e)}  {' '.join(e.argv)}")
+
+
+def _running(registry: RunRegistry) -> list[RunEntry] | None:
+    try:
+        return registry.running()
+    except EngineError as e:
+        notify.error(str(e), source=SOURCE)
+        return None
 
 
 def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
-    survivors = RunRegistry().survivors()
+    running = _running(RunRegistry())
+    if running is None:
+        return EXIT_FAILED
     if args.json:
         json.dump(
-            [{"pid": e.pid, "port": e.port, "argv": list(e.argv)} for e in survivors], out, indent=2
+            [
+                {
+                    "pid": e.pid,
+                    "port": e.port,
+                    "argv": list(e.argv),
+                    "pgid": e.pgid,
+                    "owner": e.owner if e.owner_alive() else None,
+                    "left_running": not e.owner_alive(),
+                    "pids": sorted(p.pid for p in e.members()),
+                }
+                for e in running
+            ],
+            out,
+            indent=2,
         )
         out.write("\n")
-    elif not survivors:
-        print("no engines from an earlier run are running", file=out)
+    elif not running:
+        print("no engines started by qmgui are running", file=out)
     else:
-        for e in survivors:
+        for e in running:
             print(_describe(e), file=out)
     return EXIT_OK
 
 
 def _pick(registry: RunRegistry, pids: list[int]) -> tuple[list[RunEntry], list[int]]:
-    survivors = {e.pid: e for e in registry.survivors()}
-    return [survivors[p] for p in pids if p in survivors], [p for p in pids if p not in survivors]
+    running = {e.pid: e for e in _running(registry) or []}
+    return [running[p] for p in pids if p in running], [p for p in pids if p not in running]
 
 
 def cmd_stop(args: argparse.Namespace, out: TextIO) -> int:
     registry = RunRegistry()
     unknown: list[int] = []
     if args.all:
-        targets = registry.survivors()
+        targets = _running(registry) or []
     elif args.pids:
         targets, unknown = _pick(registry, args.pids)
     else:
@@ -111,7 +148,7 @@ def cmd_adopt(args: argparse.Namespace, out: TextIO) -> int:
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
-    handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    handlers = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
     try:
         eng.start()
         print(f"adopted {eng.pid} {eng.url or '(no known port)'}; no log is available", file=out)

@@ -6,13 +6,20 @@ ready this prints `ready <url>`, then what the plan predicted beside what the en
 it allocated, per device, and what NVML says the engine's processes hold per GPU when there
 is a reading. The differences (actual − planned per buffer kind) are recorded in the residual
 store (`qmgui.engines.residuals`). Engines an earlier run left running are listed at start
-(`qmgui engines` stops or adopts them). SIGINT or SIGTERM stops the engine (its whole process
-tree) and exits 0.
+(`qmgui engines` stops or adopts them). SIGINT, SIGTERM or SIGHUP (the terminal closed) stops
+the engine gracefully (its whole process tree and group), removes it from the run registry and
+exits 0. The process becomes a child subreaper (Linux), so a wrapper script's engine stays its
+own even when the script dies; if `serve` itself is killed, the engine's group is ended by the
+watchdog (`qmgui.engines.runner`).
+
+An extra `--host` (e.g. `--extra='--host 0.0.0.0'`) is honoured: the engine listens there, with
+a warning that it is reachable from the network; `ready` names the loopback URL.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import threading
@@ -32,9 +39,11 @@ from qmgui.core.emit import EmitError
 from qmgui.core.errors import SizingError
 from qmgui.core.footprint import Footprint, estimate
 from qmgui.core.readback import parse_llama_log
+from qmgui.core.textsafe import redact_argv
 from qmgui.core.units import format_bytes
 from qmgui.engines.registry import RunRegistry
 from qmgui.engines.residuals import ResidualStore, engine_pids, readback
+from qmgui.engines.runner import become_subreaper
 from qmgui.engines.supervisor import State, Supervisor
 from qmgui.hw.nvml import read_nvml
 
@@ -43,6 +52,10 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 SOURCE = "serve"
 PLACEHOLDER_PORT = 8080  # emitted, then replaced by the supervisor's port
+# every signal that means "stop": Ctrl-C, a kill, the terminal closing
+STOP_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
 
 
 def register(sub: Any) -> None:
@@ -102,7 +115,7 @@ def _compare(sup: Supervisor, entry: Any, req: Any) -> dict[str, Any]:
     ]
     return {
         "url": sup.url,
-        "argv": list(sup.argv or ()),
+        "argv": list(redact_argv(sup.argv or ())),
         "planned": planned,
         "actual": actual,
         "nvml": _nvml_processes(sup, fp),
@@ -185,6 +198,7 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
     )  # fmt: skip
     registry = RunRegistry()
     _list_survivors(registry)
+    become_subreaper()
     return _run(Supervisor(spec, registry=registry), entry, req, args.json, out)
 
 
@@ -194,20 +208,13 @@ def _run(sup: Supervisor, entry: Any, req: Any, as_json: bool, out: TextIO) -> i
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
-    handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    handlers = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
     try:
         sup.start()
         while not stop.is_set() and not sup.wait_ready(0.1) and not sup.state.final:
             pass
         if sup.state == State.READY and not stop.is_set():
-            print(f"ready {sup.url}", file=out, flush=True)
-            data = _compare(sup, entry, req)
-            if as_json:
-                json.dump(data, out, indent=2)
-                out.write("\n")
-            else:
-                _print_compare(data, out)
-            out.flush()
+            _report_ready(sup, entry, req, as_json, out)
             while not stop.wait(0.2) and not sup.state.final:
                 pass
         if sup.state.final and not stop.is_set():
@@ -224,3 +231,17 @@ def _run(sup: Supervisor, entry: Any, req: Any, as_json: bool, out: TextIO) -> i
             sup.stop()
         for s, h in handlers.items():
             signal.signal(s, h)
+
+
+def _report_ready(sup: Supervisor, entry: Any, req: Any, as_json: bool, out: TextIO) -> None:
+    """`ready URL` and the comparison; a terminal that went away (EIO, a closed pipe) does
+    not stop the engine: the signal that follows does."""
+    with contextlib.suppress(OSError):
+        print(f"ready {sup.url}", file=out, flush=True)
+        data = _compare(sup, entry, req)
+        if as_json:
+            json.dump(data, out, indent=2)
+            out.write("\n")
+        else:
+            _print_compare(data, out)
+        out.flush()

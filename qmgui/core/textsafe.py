@@ -3,7 +3,9 @@
 - `printable`: one line of text for a terminal, a log line or a comment in a file written for
   another program. Control characters (C0, DEL, C1, and the Unicode line and paragraph
   separators) become visible escapes (`\\x1b`, `\\n`, `\\u2028`), so no byte of a crafted name
-  can move the cursor, recolour a terminal or start a new line in a config.
+  can move the cursor, recolour a terminal or start a new line in a config. A lone surrogate
+  (a file name's byte that is not UTF-8, as `os.fsdecode` keeps it) is written as that byte,
+  `\\xff`, so the text can always be encoded and printed.
 - `redact_argv`: the argv with the values of secret flags (`--api-key`, `--hf-token`, …)
   replaced by `<redacted>`, for logs, previews shown to others and exports. The argv that is
   started is never changed; only what is written down.
@@ -32,6 +34,8 @@ _SECRET_ENV = re.compile(r"(?:^|_)(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD)$", re.IGN
 
 # C0 controls, DEL, C1 controls, and the separators some viewers break lines at
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u0085]")
+# what printable escapes: the controls above and lone surrogates (undecodable file-name bytes)
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u0085\ud800-\udfff]")
 
 
 def _escape(m: re.Match[str]) -> str:
@@ -43,12 +47,14 @@ def _escape(m: re.Match[str]) -> str:
     if c == "\r":
         return "\\r"
     n = ord(c)
+    if 0xDC80 <= n <= 0xDCFF:  # surrogateescape: the undecodable byte itself
+        n -= 0xDC00
     return f"\\x{n:02x}" if n <= 0xFF else f"\\u{n:04x}"
 
 
 def printable(text: str) -> str:
     """`text` on one line with every control character written as a visible escape."""
-    return _CONTROL.sub(_escape, text)
+    return _UNPRINTABLE.sub(_escape, text)
 
 
 def has_control(text: str) -> bool:

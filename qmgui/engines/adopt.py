@@ -1,10 +1,12 @@
 """Attach to an engine an earlier qmgui run started and left running (a run-registry survivor).
 
-`Adopted(entry).start()` checks it is still the very process recorded (pid and create_time),
-then watches it on a thread: its health endpoint (READY on 2xx, LOADING otherwise) and its exit
+`Adopted(entry).start()` checks it still runs (the very process recorded: pid and
+create_time, not a zombie; or, when a wrapper script that started it died, a member of its
+process group carrying its token), then watches it on a thread: its health endpoint (READY on
+2xx, LOADING otherwise; through loopback when it listens on a wildcard address) and its exit
 (psutil; it is not our child, so there is no exit status). `stop()` ends its whole process tree
-and forgets it in the registry. qmgui has no log of an adopted engine (its output went to the
-run that started it): the outcome and `logs` say so.
+and group and forgets it in the registry. qmgui has no log of an adopted engine (its output
+went to the run that started it): the outcome and `logs` say so.
 """
 
 from __future__ import annotations
@@ -14,12 +16,10 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-import psutil
-
 from qmgui import notify
 from qmgui.core.errors import EngineError
 from qmgui.engines.health import Health, check_health
-from qmgui.engines.ports import HOST
+from qmgui.engines.ports import HOST, connect_host, url_host
 from qmgui.engines.registry import RunEntry, RunRegistry
 from qmgui.engines.runner import terminate_tree
 from qmgui.engines.supervisor import Outcome, OutcomeKind, State
@@ -42,13 +42,9 @@ def _flag(argv: tuple[str, ...], flag: str) -> str | None:
 
 
 def _alive(entry: RunEntry) -> bool:
-    """Still the recorded process, and not a zombie waiting for its parent."""
-    if not entry.is_alive():
-        return False
-    try:
-        return psutil.Process(entry.pid).status() != psutil.STATUS_ZOMBIE
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
+    """Still runs: the recorded process (not a zombie waiting for its parent), or a member of
+    its group that carries its token."""
+    return entry.is_alive()
 
 
 class Adopted:
@@ -68,7 +64,7 @@ class Adopted:
     ) -> None:
         self.entry = entry
         self.name = Path(entry.argv[0]).name if entry.argv else f"pid {entry.pid}"
-        self.host = _flag(entry.argv, "--host") or HOST
+        self.host = connect_host(_flag(entry.argv, "--host") or HOST)
         self._registry = registry
         self._health_path = health_path
         self._poll_s = poll_s
@@ -92,7 +88,7 @@ class Adopted:
 
     @property
     def url(self) -> str | None:
-        return None if self.port is None else f"http://{self.host}:{self.port}"
+        return None if self.port is None else f"http://{url_host(self.host)}:{self.port}"
 
     @property
     def state(self) -> State:
@@ -186,7 +182,8 @@ class Adopted:
         return self.outcome
 
     def stop(self, grace_s: float | None = None) -> Outcome:
-        """End its whole process tree (only while it is still the recorded process)."""
+        """End its whole process tree and group (only what is still ours: the recorded
+        process, members carrying its token)."""
         with self._lock:
             claimed = not self._closing
             self._closing = True
@@ -201,6 +198,8 @@ class Adopted:
             self.entry.pid,
             create_time=self.entry.create_time,
             grace_s=self._stop_grace_s if grace_s is None else grace_s,
+            pgid=self.entry.pgid,
+            token=self.entry.token,
         )
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(self._poll_s + 2)

@@ -3,8 +3,10 @@
 `load_and_stop()` launches the server on 127.0.0.1 with a free port in its own process group,
 waits until it logs that the model loaded (or exits, or a deadline passes), asks it to shut
 down with SIGINT (which makes it print its memory breakdown table) and kills the whole group if
-it lingers. Every path ends with the group killed and reaped: no child outlives the call. The
-result is a `LoadOutcome` value with the full log; parsing it is `qmgui.core.readback`'s job.
+it lingers. Every path ends with the group killed and reaped: no child outlives the call, and
+the group is told to qmgui's watchdog (`qmgui.engines.runner`), so a kill -9 of qmgui during
+the load ends it too. The result is a `LoadOutcome` value with the full log; parsing it is
+`qmgui.core.readback`'s job.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qmgui.core.errors import EngineError
+from qmgui.engines.runner import watchdog
 
 BINARY_NAME = "llama-server"
 ENV_BINARY = "QMGUI_TEST_LLAMA_SERVER"  # an explicit path wins over PATH and packages
@@ -152,6 +155,7 @@ def _stop(proc: subprocess.Popen[bytes], *, graceful: bool) -> int | None:
     finally:
         with _live_lock:
             _live.discard(pgid)
+        watchdog.unwatch(pgid)
     return code
 
 
@@ -175,6 +179,7 @@ def _launch_once(
                 raise EngineError(f"could not start {argv[0]}: {e.strerror or e}") from e
         with _live_lock:
             _live.add(proc.pid)
+        watchdog.watch(proc.pid)
         loaded = timed_out = False
         code: int | None = None
         try:

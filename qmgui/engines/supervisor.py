@@ -2,12 +2,20 @@
 
 `Supervisor(spec).start()` resolves the executable (a missing one is an outcome, not an
 exception), picks a free port on 127.0.0.1 (retried when the engine says it is taken), starts
-the engine through a `Runner`, copies its output into a `LogSink` (ring buffer + rotating file)
-and polls its health endpoint every `poll_s` until it answers 2xx, or the engine exits, or the
-load deadline (a base plus seconds per GiB of model) passes. An out-of-memory load is retried
-at half the context (never below 4096) when `spec.downshift` allows it. Every end is an
-`Outcome` with a sentence the user can act on. `stop()` ends the whole process tree, gracefully
-first; nothing qmgui did not start is touched.
+the engine through a `Runner`, copies its output into a `LogSink` (ring buffer + rotating file,
+0600, secrets redacted, older logs pruned; a write that fails is counted in `log_errors` and
+the outcome, said once, and never stops the engine) and polls its health endpoint every
+`poll_s` until it answers 2xx, or the engine exits, or the load deadline (a base plus seconds
+per GiB of model) passes. An out-of-memory load is retried at half the context (never below
+4096) when `spec.downshift` allows it. Every end is an `Outcome` with a sentence the user can
+act on. `stop()` ends the whole process tree and the engine's process group (a wrapper
+script's engine included), gracefully first; nothing qmgui did not start is touched. Each
+attempt carries a fresh `QMGUI_ENGINE_TOKEN` in its environment and is recorded in the run
+registry with its group, token and owner.
+
+The engine listens where its argv's `--host` says (an extra `--host 0.0.0.0` is honoured,
+with a warning that it is reachable from the network); the health checks and `url` go
+through loopback for a wildcard address.
 
 A crash after ready is restarted when `spec.max_restarts` allows it, after an exponential
 backoff (`restart_base_s` doubling, capped at `restart_max_s`), each restart announced through
@@ -24,9 +32,11 @@ from __future__ import annotations
 import contextlib
 import enum
 import itertools
+import os
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -35,12 +45,30 @@ from pathlib import Path
 from qmgui import notify
 from qmgui.core.errors import EngineError
 from qmgui.core.readback import FailureKind, parse_llama_log
+from qmgui.core.textsafe import printable, redact_argv, redact_env
 from qmgui.engines import oom
 from qmgui.engines.health import Health, check_health
-from qmgui.engines.logs import LogSink, log_dir
-from qmgui.engines.ports import HOST, free_port, port_is_free
+from qmgui.engines.logs import LogSink, log_dir, log_name, prune_logs, secret_values
+from qmgui.engines.ports import (
+    HOST,
+    connect_host,
+    free_port,
+    port_is_free,
+    reachable_from_network,
+    url_host,
+)
 from qmgui.engines.registry import RunEntry, RunRegistry
-from qmgui.engines.runner import Child, PopenRunner, Runner, process_identity, resolve_executable
+from qmgui.engines.runner import (
+    ENV_TOKEN,
+    Child,
+    PopenRunner,
+    Runner,
+    group_of,
+    process_identity,
+    reap_adopted,
+    resolve_executable,
+    watchdog,
+)
 from qmgui.engines.runner import terminate_tree as _terminate_tree
 
 # SIGKILL's number (Windows has no SIGKILL; a child killed there reports another code)
@@ -57,6 +85,7 @@ READER_JOIN_S = 1.0
 RESTART_BASE_S = 1.0
 RESTART_MAX_S = 60.0
 READY_POLL_S = 1.0
+READ_CHUNK = 1 << 16  # the longest line kept whole; a longer one is split
 _PORT_WORDS = ("address already in use", "couldn't bind", "exiting due to http server")
 _SOURCE = "engines"
 
@@ -101,6 +130,7 @@ class Outcome:
     log_path: str | None = None
     restarts: int = 0  # crash restarts that happened before this end
     idle_s: float | None = None  # for IDLE: how long it had been idle
+    log_errors: int = 0  # output lines that could not be written to the log file
 
     def was_successful(self) -> bool:
         return self.kind in (OutcomeKind.STOPPED, OutcomeKind.IDLE)
@@ -118,7 +148,7 @@ class EngineSpec:
     name: str = ""
     kind: str = "llama"
     health_path: str = "/health"
-    host: str = HOST
+    host: str = ""  # "": the argv's own `host_flag` value, else 127.0.0.1
     port: int | None = None  # None: a free one, retried when taken
     port_flag: str | None = "--port"
     host_flag: str | None = "--host"
@@ -143,6 +173,9 @@ class EngineSpec:
             raise EngineError("an idle limit must be positive")
         if not self.name:
             object.__setattr__(self, "name", Path(self.argv[0]).name)
+        if not self.host:
+            given = _flag_value(self.argv, self.host_flag) if self.host_flag else None
+            object.__setattr__(self, "host", given or HOST)
 
     def restart_delay_s(self, n: int) -> float:
         """The wait before restart number `n` (1-based)."""
@@ -151,6 +184,17 @@ class EngineSpec:
     @property
     def load_timeout_s(self) -> float:
         return self.load_base_s + self.load_per_gib_s * self.model_bytes / GIB
+
+
+def _flag_value(argv: tuple[str, ...], flag: str) -> str | None:
+    """The value the last `flag` in `argv` gives (`flag V` or `flag=V`), or None."""
+    found = None
+    for i, tok in enumerate(argv):
+        if tok == flag and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif tok.startswith(flag + "="):
+            found = tok.split("=", 1)[1]
+    return found
 
 
 def _set_flag(argv: list[str], flag: str, value: str) -> list[str]:
@@ -203,6 +247,8 @@ class _Attempt:
     create_time: float | None
     port: int
     argv: tuple[str, ...]
+    token: str
+    pgid: int | None  # its own process group, when it leads one
     exited: threading.Event = field(default_factory=threading.Event)
     returncode: int | None = None
     reader: threading.Thread | None = None
@@ -249,15 +295,30 @@ class Supervisor:
         self._ever_ready = False
         self._stop_requested = threading.Event()
         self._last_activity = time.monotonic()
+        self._warned_network = False
         if on_state is not None:
             self.subscribe(on_state)
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         folder = log_dir() if logs is None else logs
-        path = folder / f"{spec.name}-{stamp}-{next(_ids)}.log"
+        path = folder / f"{log_name(spec.name)}-{stamp}-{next(_ids)}.log"
+        secrets = secret_values(spec.argv, spec.env)
         try:
-            self.log = LogSink(path, ring_lines=ring_lines)
-        except OSError:
-            self.log = LogSink(None, ring_lines=ring_lines)  # a log file is not worth failing
+            self.log = LogSink(
+                path, ring_lines=ring_lines, secrets=secrets, on_error=self._log_failed
+            )
+        except OSError as e:  # a log file is not worth failing: memory only, said once
+            self.log = LogSink(None, ring_lines=ring_lines, secrets=secrets)
+            self._log_failed(e, path)
+        else:
+            prune_logs(folder)
+
+    def _log_failed(self, e: OSError, path: Path | None = None) -> None:
+        where = path or self.log.path
+        (self._notifier or notify.notifier).warning(
+            f"the log of {self.spec.name} could not be written to {where} "
+            f"({e.strerror or e}); its output is kept in memory only, and the engine runs on",
+            source=_SOURCE,
+        )
 
     # -- observation ---------------------------------------------------------------------
 
@@ -289,8 +350,14 @@ class Supervisor:
 
     @property
     def url(self) -> str | None:
+        """Where to reach it from this machine (loopback for a wildcard host)."""
         port = self.port
-        return None if port is None else f"http://{self.spec.host}:{port}"
+        return None if port is None else f"http://{url_host(connect_host(self.spec.host))}:{port}"
+
+    @property
+    def log_errors(self) -> int:
+        """Output lines that could not be written to its log file (a full disk)."""
+        return self.log.errors
 
     def touch(self) -> None:
         """Mark request activity now (a proxy calls it per request): resets the idle timer."""
@@ -355,7 +422,10 @@ class Supervisor:
         if state.final:
             self.log.close()
             if self._registry is not None and attempt is not None:
-                self._registry.remove(attempt.pid)
+                try:
+                    self._registry.remove(attempt.pid)
+                except EngineError as e:
+                    notify.notifier.warning(str(e), source=_SOURCE)
             self._final.set()
             self._ready.set()
         for cb in callbacks:
@@ -374,10 +444,20 @@ class Supervisor:
             times = "once" if restarts == 1 else f"{restarts} times"
             message += f" It had been restarted {times} after crashing; qmgui gave up."
         outcome = Outcome(
-            kind, message, rc, tail, str(self.log.path) if self.log.path else None, restarts
+            kind,
+            self._with_log_words(message),
+            rc,
+            tail,
+            str(self.log.path) if self.log.path else None,
+            restarts,
+            log_errors=self.log.errors,
         )
         final = State.CRASHED if ever_ready else State.FAILED
         self._set_state(final, outcome)
+
+    def _with_log_words(self, message: str) -> str:
+        words = self.log.error_words()
+        return f"{message} {words}." if words else message
 
     def _say(self, text: str) -> None:
         (self._notifier or notify.notifier).info(text, source=_SOURCE)
@@ -414,27 +494,60 @@ class Supervisor:
         self._monitor.start()
 
     def _spawn(self, argv: tuple[str, ...]) -> _Attempt | None:
-        port = self.spec.port if self.spec.port is not None else free_port(self.spec.host)
+        try:
+            port = self.spec.port if self.spec.port is not None else free_port(self.spec.host)
+        except OSError as e:
+            self._fail(
+                OutcomeKind.START_FAILED,
+                f"{self.spec.name} cannot listen on {self.spec.host}: {e.strerror or e}.",
+            )
+            return None
         full = launch_argv(self.spec, argv, port)
-        self.log.write_line(f"# qmgui: {' '.join(full)}")
+        self.log.write_line(f"# qmgui: {printable(' '.join(redact_argv(full)))}")
+        if self.spec.env:
+            pairs = " ".join(f"{k}={v}" for k, v in redact_env(self.spec.env).items())
+            self.log.write_line(f"# qmgui: environment: {printable(pairs)}")
+        self._warn_network(port)
+        token = uuid.uuid4().hex
+        env = {**(self.spec.env or {}), ENV_TOKEN: token}
         with self._spawn_lock:  # stop() reads the attempt under it: no spawn slips past
             with self._lock:
                 if self._closing:
                     return None
             try:
-                child = self._runner.spawn(full, self.spec.env)
+                child = self._runner.spawn(full, env)
             except OSError as e:
                 self._fail(
                     OutcomeKind.START_FAILED,
                     f"{self.spec.name} could not start: {e.strerror or e}.",
                 )
                 return None
-            attempt = _Attempt(child, child.pid, process_identity(child.pid), port, full)
+            pgid = group_of(child.pid)
+            attempt = _Attempt(
+                child,
+                child.pid,
+                process_identity(child.pid),
+                port,
+                full,
+                token,
+                pgid if pgid == child.pid else None,
+            )
             with self._lock:
                 self._attempt = attempt
         if self._registry is not None and attempt.create_time is not None:
             try:
-                self._registry.record(RunEntry(attempt.pid, attempt.create_time, full, port))
+                self._registry.record(
+                    RunEntry(
+                        attempt.pid,
+                        attempt.create_time,
+                        full,
+                        port,
+                        attempt.pgid,
+                        token,
+                        os.getpid(),
+                        process_identity(os.getpid()),
+                    )
+                )
             except EngineError as e:
                 notify.notifier.warning(str(e), source=_SOURCE)
         attempt.reader = threading.Thread(target=self._read, args=(child,), daemon=True)
@@ -442,17 +555,43 @@ class Supervisor:
         threading.Thread(target=self._reap, args=(attempt,), daemon=True).start()
         return attempt
 
+    def _warn_network(self, port: int) -> None:
+        """Once: an engine that listens beyond loopback can be used by anyone who reaches
+        this machine."""
+        host = self.spec.host
+        if self._warned_network or not reachable_from_network(host):
+            return
+        self._warned_network = True
+        where = "every address of this computer" if connect_host(host) != host else host
+        key = any(t.split("=", 1)[0] in ("--api-key", "--api-key-file") for t in self.spec.argv)
+        (self._notifier or notify.notifier).warning(
+            f"{self.spec.name} listens on {printable(host)} port {port} ({where}): it is "
+            "reachable from the network, not only from this computer"
+            + ("." if key else "; anyone who can reach it can use it (--api-key sets a key)."),
+            source=_SOURCE,
+        )
+
     def _read(self, child: Child) -> None:
+        """Copy the engine's output into the log until its pipe closes. Nothing the log does
+        stops it: the pipe is drained to the end, so the engine never blocks on it."""
         stream = child.stdout
         if stream is None:
             return
         try:
-            for raw in iter(stream.readline, b""):
-                self.log.write_line(raw.decode("utf-8", errors="replace"))
-        except (OSError, ValueError):
-            pass
+            while True:
+                try:
+                    raw = stream.readline(READ_CHUNK)
+                except (OSError, ValueError):
+                    return
+                if not raw:
+                    return
+                try:
+                    self.log.write_line(raw.decode("utf-8", errors="replace"))
+                except Exception:  # a line lost, never the reader
+                    continue
         finally:
-            stream.close()
+            with contextlib.suppress(OSError, ValueError):
+                stream.close()
 
     def _reap(self, attempt: _Attempt) -> None:
         attempt.returncode = attempt.child.wait()
@@ -497,7 +636,8 @@ class Supervisor:
                     return "stopping"
             if attempt.exited.is_set():
                 return "exited"
-            if check_health(self.spec.host, attempt.port, self.spec.health_path) == Health.READY:
+            host = connect_host(self.spec.host)
+            if check_health(host, attempt.port, self.spec.health_path) == Health.READY:
                 return "ready"
             if time.monotonic() >= deadline:
                 if not self._claim():
@@ -519,14 +659,26 @@ class Supervisor:
             self._closing = True
             return True
 
-    def _kill(self, attempt: _Attempt, *, grace_s: float) -> None:
+    def _terminate(self, attempt: _Attempt, grace_s: float) -> None:
+        """End the attempt's process, tree and group (EngineError when something survives
+        SIGKILL); once its group is empty the watchdog forgets it."""
         _terminate_tree(
             attempt.pid,
             create_time=attempt.create_time,
             grace_s=grace_s,
             sig=self._stop_signal,
             wait_root=attempt.exited.wait,
+            pgid=attempt.pgid,
+            token=attempt.token,
         )
+        watchdog.unwatch(attempt.pid)  # the runner gave it its pid's group (if any)
+
+    def _kill(self, attempt: _Attempt, *, grace_s: float) -> None:
+        """`_terminate` from the monitor thread: never raises (a survivor is said)."""
+        try:
+            self._terminate(attempt, grace_s)
+        except EngineError as e:
+            notify.notifier.error(f"{self.spec.name}: {e}", source=_SOURCE)
         if attempt.reader is not None:
             attempt.reader.join(READER_JOIN_S)
 
@@ -543,6 +695,7 @@ class Supervisor:
             with self._lock:
                 if self._closing:
                     return False
+            reap_adopted(attempt.pgid, exclude=attempt.pid)  # orphans of a wrapper that ended
             if ttl is not None and self.idle_s >= ttl:
                 self._stop_idle(attempt)
                 return False
@@ -579,8 +732,7 @@ class Supervisor:
                 return False
             self.restarts += 1
             n = self.restarts
-        with contextlib.suppress(EngineError):
-            self._kill(attempt, grace_s=0)  # leftovers in its group
+        self._kill(attempt, grace_s=0)  # leftovers in its group
         if self._registry is not None:
             with contextlib.suppress(EngineError):
                 self._registry.remove(attempt.pid)
@@ -605,13 +757,16 @@ class Supervisor:
         self._kill(attempt, grace_s=self._stop_grace_s)
         outcome = Outcome(
             OutcomeKind.IDLE,
-            f"{self.spec.name} was stopped after {idle_words(idle)} idle (no requests); "
-            "start it again when you need it.",
+            self._with_log_words(
+                f"{self.spec.name} was stopped after {idle_words(idle)} idle (no requests); "
+                "start it again when you need it."
+            ),
             attempt.returncode,
             tuple(self.log.tail(TAIL_LINES)),
             str(self.log.path) if self.log.path else None,
             self.restarts,
             idle,
+            log_errors=self.log.errors,
         )
         self._set_state(State.STOPPED, outcome)
 
@@ -624,6 +779,7 @@ class Supervisor:
         with self._lock:
             if self._closing:
                 return None
+        self._kill(attempt, grace_s=0)  # whatever it left behind in its group
         text = self.log.text()
         report = parse_llama_log(text)
         kinds = report.failure_kinds()
@@ -709,14 +865,13 @@ class Supervisor:
         with self._spawn_lock, self._lock:
             attempt = self._attempt
         killed = False
+        survived = ""
         if attempt is not None:
-            _terminate_tree(
-                attempt.pid,
-                create_time=attempt.create_time,
-                grace_s=self._stop_grace_s if grace_s is None else grace_s,
-                sig=self._stop_signal,
-                wait_root=attempt.exited.wait,
-            )
+            try:
+                self._terminate(attempt, self._stop_grace_s if grace_s is None else grace_s)
+            except EngineError as e:
+                survived = f" Some of its processes did not die: {e}."
+                notify.notifier.error(f"{self.spec.name}: {e}", source=_SOURCE)
             killed = attempt.returncode == -_SIGKILL
             if attempt.reader is not None:
                 attempt.reader.join(READER_JOIN_S)
@@ -727,11 +882,12 @@ class Supervisor:
         )
         outcome = Outcome(
             OutcomeKind.STOPPED,
-            message,
+            self._with_log_words(message) + survived,
             attempt.returncode if attempt else None,
             tuple(self.log.tail(TAIL_LINES)),
             str(self.log.path) if self.log.path else None,
             self.restarts,
+            log_errors=self.log.errors,
         )
         self._set_state(State.STOPPED, outcome)
         return self.outcome or outcome

@@ -8,6 +8,9 @@ executable's resolution, a graceful stop's grace period), so both run on worker 
 callbacks arrive on the supervisor's threads and are re-emitted as `changed(id)` on the GUI
 thread. When an engine becomes ready its log is compared with the plan (planned vs actual
 total memory) on the supervisor's thread, never on the GUI's.
+
+The first start makes the window's process a child subreaper (Linux): a wrapper script's
+engine stays the window's own when the script dies (`qmgui.engines.runner`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from qmgui.core.footprint import Footprint
 from qmgui.core.readback import parse_llama_log
 from qmgui.engines.registry import RunRegistry
 from qmgui.engines.residuals import readback
+from qmgui.engines.runner import become_subreaper
 from qmgui.engines.supervisor import EngineSpec, State, Supervisor
 from qmgui.ui.planning import PlanOutcome
 
@@ -217,6 +221,7 @@ class EngineRunner(QObject):
             self._state.emit(eid, state)
 
     def _launch(self, engine: Engine, spec: EngineSpec) -> None:
+        become_subreaper()
         sup = Supervisor(spec, registry=self._registry)
 
         def on_state(s: Supervisor, state: State) -> None:
