@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 KIB = 1024
 MIB = 1024**2
 GIB = 1024**3
@@ -20,13 +22,28 @@ def format_bytes(n: int | None) -> str:
 
 
 def format_count(n: int | None) -> str:
-    """Parameter counts the way model cards write them: 7.6B, 135M."""
+    """Parameter counts the way model cards write them: 7.6B, 270M, 12K (three digits at most
+    before the unit, one decimal below 100)."""
     if n is None:
         return "-"
     for div, suffix in ((10**12, "T"), (10**9, "B"), (10**6, "M"), (10**3, "K")):
         if n >= div:
-            return f"{n / div:.1f}{suffix}"
+            value = n / div
+            return f"{value:.0f}{suffix}" if value >= 100 else f"{value:.1f}{suffix}"
     return str(n)
+
+
+_NATURAL_PART = re.compile(r"(\d+)")
+
+
+def natural_key(text: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key that orders embedded numbers by value: model-2 before model-10 before
+    model-100; case-insensitive."""
+    return tuple(
+        (0, int(part)) if part.isdigit() else (1, part)
+        for part in _NATURAL_PART.split(text.lower())
+        if part
+    )
 
 
 _SIZE_UNITS = {

@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 )
 
 from qmgui.core.discovery import ModelEntry
-from qmgui.core.units import format_bytes
+from qmgui.core.units import format_bytes, natural_key
 from qmgui.ui.planning import Badge, BadgeResult
 
 SORT_ROLE = Qt.ItemDataRole.UserRole + 1
@@ -159,7 +159,9 @@ class ModelTableModel(QAbstractTableModel):
     def _sort_entries(self) -> None:
         key = COLUMN_KEYS[self._sort_column]
         desc = self._sort_order == Qt.SortOrder.DescendingOrder
-        self._entries.sort(key=lambda e: (self._sort_value(e, key), e.name.lower()), reverse=desc)
+        self._entries.sort(
+            key=lambda e: (self._sort_value(e, key), natural_key(e.name)), reverse=desc
+        )
 
     # --- Qt's side ------------------------------------------------------------------------
     def rowCount(self, parent: _AnyIndex = QModelIndex()) -> int:  # noqa: B008
@@ -223,7 +225,7 @@ class ModelTableModel(QAbstractTableModel):
             b = self._badges.get(e.id)
             order = [Badge.FITS, Badge.PARTIAL, Badge.NO_FIT, Badge.NOT_PLANNED]
             return order.index(b.badge) if b else len(order)
-        return self._display(e, key).lower()
+        return natural_key(self._display(e, key))
 
     def _tooltip(self, e: ModelEntry, key: str) -> str | None:
         if e.error:

@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 from qmgui.core.discovery import ModelEntry
 from qmgui.core.emit import EmitError, split_args
 from qmgui.core.launch import CACHE_TYPES, CTX_PAD, LaunchSettings
+from qmgui.core.units import format_count
 
 ALL_LAYERS = -1  # the GPU-layers spin box's special value: every layer (the engine default)
 AUTO_SLOTS = 0  # the slots spin box's special value: the engine's auto
@@ -293,7 +294,7 @@ class PlanPanel(QWidget):
         if m.quant:
             bits.append(m.quant)
         if m.param_count:
-            bits.append(f"{m.param_count / 1e9:.1f} B params")
+            bits.append(f"{format_count(m.param_count)} params")
         bits.append(f"{m.n_layer} layers")
         if m.is_moe:
             bits.append(f"{m.n_expert} experts ({m.n_expert_used} active)")

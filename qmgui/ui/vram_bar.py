@@ -70,7 +70,8 @@ class BarSpec:
 
 
 def gib(n: int) -> str:
-    return f"{n / GIB:.1f} GiB"
+    """GiB for the bars' totals; smaller amounts in the unit that reads (10.7 MiB, not 0.0 GiB)."""
+    return f"{n / GIB:.1f} GiB" if abs(n) >= GIB // 10 else format_bytes(n)
 
 
 def _segments(d: DeviceFootprint) -> tuple[tuple[str, int], ...]:

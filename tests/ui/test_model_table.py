@@ -61,3 +61,16 @@ def test_proxy_filters_every_column(qapp, models: Path) -> None:  # type: ignore
     assert proxy.rowCount() == 1
     proxy.setFilterFixedString("")
     assert proxy.rowCount() == 4
+
+
+def test_names_sort_naturally(qapp, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from tests.synth.factory import PRESETS, write_gguf
+
+    for n in (1, 10, 100, 2):
+        write_gguf(tmp_path / f"model-{n}.gguf", PRESETS["llama"])
+    m = ModelTableModel()
+    m.set_entries(scan([tmp_path]).models)
+    m.sort(0, Qt.SortOrder.AscendingOrder)
+    assert [m.data(m.index(r, 0)) for r in range(4)] == [
+        "model-1", "model-2", "model-10", "model-100",
+    ]  # fmt: skip
