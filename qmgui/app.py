@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -161,7 +162,35 @@ def run(argv: Sequence[str]) -> int:
         if window.tray is not None:
             window.tray.install()  # nothing where the platform has no tray
     window.start()
+    _stop_on_signals(app, window)
     return app.exec()
+
+
+def _stop_on_signals(app: QApplication, window: MainWindow) -> None:
+    """SIGINT (Ctrl-C in the terminal that started qmgui), SIGTERM (a logout, `kill`) and
+    SIGHUP (the terminal closed) end the window the way Quit does: layout saved, workers
+    joined, the engines it started stopped gracefully. Python runs signal handlers between
+    bytecodes only, so a timer wakes the interpreter while Qt's loop waits."""
+    ending = {"done": False}
+
+    def end(signum: int, _frame: object) -> None:
+        if ending["done"]:
+            return
+        ending["done"] = True
+        words = f"got {signal.Signals(signum).name}: stopping the engines this window started"
+        print(f"qmgui: {words}", file=sys.stderr)
+        notify.info(words, source="app")
+        window.save_state()
+        window.shutdown()
+        app.quit()
+
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), end)
+    timer = QTimer(window)
+    timer.setInterval(200)
+    timer.timeout.connect(lambda: None)
+    timer.start()
 
 
 def _display_available() -> bool:

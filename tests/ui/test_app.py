@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from qmgui.__main__ import display_available, wants_window
 
@@ -72,3 +76,23 @@ def test_screenshot_bad_what_if_fails(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "no GPU profile" in proc.stderr
     assert not shot.exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_the_window_ends_cleanly_on_a_signal(tmp_path: Path, signum: int) -> None:
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qmgui", "--theme", "light"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    try:
+        time.sleep(5)  # the window is up and its loop runs
+        assert proc.poll() is None
+        proc.send_signal(signum)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out
+    assert "stopping" in out  # its handler ran: the default action would exit with -signum
