@@ -10,6 +10,11 @@ Models come from the arguments, or from a scan of the configured roots and store
 are given. Each model runs on the engine `qmgui preview` would pick, with the same settings;
 a model that cannot be exported is left out and named on stderr. `--out FILE` writes the file
 atomically (a temp file beside it, fsync, rename); without it the file goes to stdout.
+
+No byte of a model's name or path, a node address or an extra argument changes a file's
+structure, and the value of `--api-key` / `--hf-token` is never written: the file reads it
+from an environment variable and says which (docs/architecture.md, "Exports").
+Messages on the terminal go through the notifier, which escapes control characters.
 """
 
 from __future__ import annotations
@@ -38,9 +43,9 @@ from qmgui.cli.preview import (
     with_override,
 )
 from qmgui.core.discovery import ModelEntry, entry_for_path, scan
-from qmgui.core.emit import PORT_MACRO, DevicePin, EmitError, skipped, split_each
+from qmgui.core.emit import DevicePin, EmitError, skipped, split_each
 from qmgui.core.errors import SizingError
-from qmgui.core.export import Export, ExportError, vllm_comment
+from qmgui.core.export import PORT_MARK, Export, ExportError, vllm_comment
 from qmgui.core.export.llama_swap import SwapModel, render_llama_swap
 from qmgui.core.export.models_ini import PresetModel, render_models_ini
 from qmgui.core.export.scripts import (
@@ -229,7 +234,7 @@ def _vllm_cluster(entries: Sequence[ModelEntry], args: argparse.Namespace) -> Ex
         reserve=parse_size(args.reserve, allow_zero=True),
         pins=VllmPins(max_model_len=args.ctx, extra_args=extra),
         executable=args.backend or "vllm",
-        port=PORT_MACRO,
+        port=PORT_MARK,
     )
     name = os.path.basename(args.out) if args.out else "cluster.sh"
     return render_cluster_script(
@@ -267,7 +272,8 @@ def write_atomic(path: str, text: str, *, mode: int | None = None) -> None:
 
 
 def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
-    port = args.port if args.format == "models-ini" else PORT_MACRO
+    # the port placeholder no file name can hold: a model named ${PORT}.gguf stays a name
+    port = args.port if args.format == "models-ini" else PORT_MARK
     try:
         req = request_from(args, port=port, estimate=True)
     except (ValueError, EmitError) as e:

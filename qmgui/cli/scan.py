@@ -1,4 +1,8 @@
-"""`qmgui scan`: find models under folders and print what each one is."""
+"""`qmgui scan`: find models under folders and print what each one is.
+
+The table shows names, paths and metadata strings with control characters as visible escapes
+(`textsafe.printable`): a file name holding ESC sequences or line breaks cannot recolour the
+terminal or add a row. `--json` writes them as JSON strings (escaped by `json`)."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from typing import Any, TextIO
 from qmgui import notify
 from qmgui.cache import SqliteHeaderCache
 from qmgui.core.discovery import ModelEntry, ScanResult, scan
+from qmgui.core.textsafe import printable
 from qmgui.core.units import format_bytes
 from qmgui.settings import load_settings
 from qmgui.stores import default_store_roots
@@ -78,7 +83,7 @@ def _print_table(result: ScanResult, out: TextIO) -> None:
         print("  ".join(c[:48].ljust(w) for c, w in zip(r, widths, strict=True)).rstrip(), file=out)
     for m in result.models:
         if m.error:
-            print(f"! {m.name}: {m.error} [{m.path}]", file=out)
+            print(f"! {printable(m.name)}: {printable(m.error)} [{printable(m.path)}]", file=out)
     n_err = sum(1 for m in result.models if m.error)
     summary = f"{len(result.models)} models"
     if n_err:
@@ -91,7 +96,7 @@ def _row(m: ModelEntry) -> tuple[str, ...]:
     name = m.name + (" [+mmproj]" if m.mmproj else "")
     if len(m.shards) > 1:
         name += f" [{len(m.shards)} shards]"
-    return (
+    cells = (
         ("! " if m.error else "") + name,
         meta.model_class.value if meta else "-",
         meta.architecture if meta else "-",
@@ -100,3 +105,4 @@ def _row(m: ModelEntry) -> tuple[str, ...]:
         str(meta.context_length) if meta and meta.context_length else "-",
         m.source,
     )
+    return tuple(printable(c) for c in cells)

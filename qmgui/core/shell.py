@@ -6,7 +6,9 @@ the shell (or parser) named splits the line back into exactly the same strings.
 
 - `quote_bash`: POSIX shells (bash, zsh, dash). Plain words stay bare; anything else goes in
   single quotes (nothing is special inside them; a `'` is written `'\\''`); a word holding a
-  control character uses bash's `$'...'` so the command stays on one line.
+  control character uses bash's `$'...'` so the command stays on one line, and so does a word
+  holding a byte that is not UTF-8 (a lone surrogate from `os.fsdecode`), written `\\xNN`,
+  so the program receives that very byte.
 - `quote_powershell`: Windows PowerShell 5.1 and PowerShell 7. Single-quoted strings are
   literal except for the quote itself, which is doubled; PowerShell also takes the typographic
   quotes ‘ ’ ‚ ‛ as single quotes, so those are doubled too. Words with control characters use a
@@ -76,6 +78,16 @@ def _has_control(word: str) -> bool:
     return any(ord(c) < 32 or ord(c) == 127 for c in word)
 
 
+def _is_byte(c: str) -> bool:
+    """A character `os.fsdecode` made of a byte that is not UTF-8 (surrogateescape)."""
+    return "\udc80" <= c <= "\udcff"
+
+
+def has_surrogate(word: str) -> bool:
+    """Whether `word` holds a lone surrogate: text no UTF-8 file can hold as it is."""
+    return any("\ud800" <= c <= "\udfff" for c in word)
+
+
 def _check_word(word: str) -> None:
     if "\0" in word:
         raise ValueError("a command argument cannot contain a NUL character")
@@ -97,6 +109,8 @@ def quote_posix_word(word: str) -> str:
     """One argument for any POSIX shell-like splitter: bare when safe, else in single quotes
     (which every POSIX splitter reads literally, control characters included)."""
     _check_word(word)
+    if has_surrogate(word):
+        raise ValueError("a word with bytes that are not UTF-8 cannot be single-quoted")
     if _BASH_SAFE.match(word):
         return word
     return "'" + word.replace("'", "'\\''") + "'"
@@ -108,13 +122,21 @@ def quote_bash_word(word: str) -> str:
     _check_word(word)
     if _BASH_SAFE.match(word):
         return word
-    if _has_control(word):
-        body = "".join(
-            _BASH_ESCAPES.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 32 or ord(c) == 127 else c)
-            for c in word
-        )
-        return f"$'{body}'"
+    if _has_control(word) or has_surrogate(word):
+        return f"$'{''.join(_bash_escape(c) for c in word)}'"
     return quote_posix_word(word)
+
+
+def _bash_escape(c: str) -> str:
+    if c in _BASH_ESCAPES:
+        return _BASH_ESCAPES[c]
+    if ord(c) < 32 or ord(c) == 127:
+        return f"\\x{ord(c):02x}"
+    if _is_byte(c):
+        return f"\\x{ord(c) - 0xDC00:02x}"
+    if "\ud800" <= c <= "\udfff":
+        raise ValueError("a command argument holds a lone surrogate, which is no byte")
+    return c
 
 
 def _bash_command_word(word: str) -> str:
@@ -146,14 +168,14 @@ def quote_powershell_word(word: str) -> str:
     _check_word(word)
     if any(p.match(word) for p in _PS_SAFE):
         return word
-    if _has_control(word):
+    if _has_control(word) or has_surrogate(word):
         out = []
         for c in word:
             if c in _PS_DQ_SPECIAL:
                 out.append("`" + c)
             elif c in _PS_ESCAPES:
                 out.append(_PS_ESCAPES[c])
-            elif ord(c) < 32 or ord(c) == 127:
+            elif ord(c) < 32 or ord(c) == 127 or "\ud800" <= c <= "\udfff":
                 # `u{…} exists only in PowerShell 6+; a sub-expression works in 5.1 too
                 out.append(f"$([char]0x{ord(c):02x})")
             else:
@@ -193,11 +215,12 @@ def powershell_caveats(argv: Sequence[str]) -> list[str]:
 # --- Windows (CommandLineToArgvW) ----------------------------------------------------------------
 
 
-def quote_windows_word(word: str) -> str:
+def quote_windows_word(word: str, *, always: bool = False) -> str:
     """One argument by the Microsoft C runtime's rules: backslashes are literal except before a
-    double quote, where 2n (+1) of them mean n backslashes (and a literal quote)."""
+    double quote, where 2n (+1) of them mean n backslashes (and a literal quote). `always`:
+    quoted even when a bare word would do."""
     _check_word(word)
-    if word and not any(c in word for c in ' \t\n\v"'):
+    if word and not always and not any(c in word for c in ' \t\n\v"'):
         return word
     out = ['"']
     backslashes = 0

@@ -12,10 +12,17 @@ vLLM's flat reserve; the plan is made for the smallest card of the cluster (its 
 budget), and vLLM's start-up check (free memory ≥ utilization × total on every GPU) is then
 made on each card, since one utilization applies to cards of different sizes. Nodes with
 different GPU counts run TP = the smallest count; the other GPUs stay idle (said in a note).
+
+A node's address is data written into a script: it must be a host name (letters, digits, `-`,
+`_` and dots, no label starting or ending with `-`) or an IP address (IPv6 bare or in
+brackets), optionally with `:PORT` (1-65535). The head's port is Ray's port (default 6379); a
+worker takes none. Anything else is a SizingError naming the value.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
@@ -26,6 +33,7 @@ from qmgui.core.emit import Command, skipped
 from qmgui.core.emit.vllm import emit_vllm
 from qmgui.core.errors import SizingError
 from qmgui.core.footprint import Gpu
+from qmgui.core.textsafe import printable
 from qmgui.core.units import format_bytes
 from qmgui.core.vllm import VllmPins, VllmPlan, plan_vllm
 
@@ -34,6 +42,9 @@ RAY_PORT = 6379  # Ray's default GCS port
 ENV_HOST_IP = "VLLM_HOST_IP"  # the address vLLM on this node announces to the others
 FLAG_EXECUTOR = "--distributed-executor-backend"
 DEFAULT_SERVE_PORT = 8000  # vllm serve's default
+_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?\Z")
+_PORT = re.compile(r"[0-9]{1,5}\Z")
+_ZONE = re.compile(r"[A-Za-z0-9_.-]{1,64}\Z")  # an IPv6 scope: an interface name or number
 
 
 @dataclass(frozen=True)
@@ -75,17 +86,83 @@ class ClusterPlan:
         return self.pipeline_parallel
 
 
-def _check(nodes: Sequence[Node]) -> None:
+def _bad_address(text: str) -> SizingError:
+    return SizingError(
+        f"not a node address: '{printable(text)}' (give a host name or an IP address, "
+        "optionally with :PORT from 1 to 65535, e.g. 10.0.0.2 or gpu-2.lan)"
+    )
+
+
+def _host(text: str, whole: str) -> str:
+    """`text` if it is a host name or an IP address (IPv6 without brackets), else SizingError."""
+    if ":" in text:  # IPv6, perhaps with a scope (fe80::1%eth0)
+        addr, pct, zone = text.partition("%")
+        try:
+            ipaddress.IPv6Address(addr)
+        except ValueError:
+            raise _bad_address(whole) from None
+        if pct and not _ZONE.match(zone):
+            raise _bad_address(whole)
+        return text
+    try:
+        ipaddress.IPv4Address(text)
+        return text
+    except ValueError:
+        pass
+    labels = text[:-1].split(".") if text.endswith(".") else text.split(".")
+    if (
+        not text
+        or len(text) > 253
+        or not all(_LABEL.match(label) for label in labels)
+        or all(c.isdigit() or c == "." for c in text)  # 999.1.1.1 is no address
+    ):
+        raise _bad_address(whole)
+    return text
+
+
+def parse_address(text: str) -> tuple[str, int | None]:
+    """A node address as (host, port or None): `host`, `host:PORT`, `IPv4:PORT`, an IPv6
+    address bare (no port) or in brackets (`[fe80::1]:6379`). SizingError with the value."""
+    if text.startswith("["):
+        end = text.find("]")
+        rest = text[end + 1 :] if end > 0 else ""
+        if end < 0 or ":" not in text[1:end] or (rest and not rest.startswith(":")):
+            raise _bad_address(text)
+        return _host(text[1:end], text), (_port(rest[1:], text) if rest else None)
+    if text.count(":") == 1:
+        host, _, port = text.partition(":")
+        return _host(host, text), _port(port, text)
+    return _host(text, text), None
+
+
+def _port(text: str, whole: str) -> int:
+    if not _PORT.match(text) or not 1 <= int(text) <= 65535:
+        raise _bad_address(whole)
+    return int(text)
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _check(nodes: Sequence[Node]) -> list[tuple[str, int | None]]:
+    """Each node's (host, port); SizingError for a bad address or a node without GPUs."""
     if not nodes:
         raise SizingError("a cluster needs at least one node")
-    addresses = [n.address for n in nodes]
-    if len(set(addresses)) != len(addresses):
+    hosts = [parse_address(n.address) for n in nodes]
+    names = [h for h, _ in hosts]
+    if len(set(names)) != len(names):
         raise SizingError("two nodes have the same address; each node needs its own")
+    for n, (_, port) in zip(nodes[1:], hosts[1:], strict=True):
+        if port is not None:
+            raise SizingError(
+                f"node {n.address}: a worker's address takes no port (Ray's port is the "
+                "head's, the first node's)"
+            )
     for n in nodes:
-        if not n.address.strip() or any(c.isspace() for c in n.address):
-            raise SizingError(f"not a node address: {n.address!r}")
         if not n.gpus:
             raise SizingError(f"node {n.address} has no GPU; vLLM runs on GPUs")
+    return hosts
 
 
 def _startup_problem(plan: VllmPlan, nodes: Sequence[Node], tp: int, reserve: int) -> str | None:
@@ -119,7 +196,9 @@ def plan_cluster(
     nodes, duplicate addresses, a node without GPUs); "does not fit" is `fits=False`."""
     if entry.meta is None:
         raise SizingError(f"{entry.name}: {entry.error or 'not a model'}")
-    _check(nodes)
+    hosts = _check(nodes)
+    if hosts[0][1] is not None:
+        ray_port = hosts[0][1]
     tp = min(len(n.gpus) for n in nodes)
     pp = len(nodes)
     cards = [g for n in nodes for g in n.gpus[:tp]]
@@ -144,7 +223,7 @@ def plan_cluster(
         notes.append(
             f"tensor parallel {tp} (the fewest GPUs on a node): GPUs left idle on {', '.join(idle)}"
         )
-    head = nodes[0].address
+    head = hosts[0][0]
     if plan.skipped:
         serve = skipped(f"{entry.name}: {plan.reason}")
     else:
@@ -161,12 +240,12 @@ def plan_cluster(
         ),
         workers=tuple(
             NodeCommand(
-                n.address,
-                (RAY, "start", f"--address={head}:{ray_port}", f"--node-ip-address={n.address}",
-                 f"--num-gpus={tp}", "--block"),
-                {ENV_HOST_IP: n.address},
+                host,
+                (RAY, "start", f"--address={_url_host(head)}:{ray_port}",
+                 f"--node-ip-address={host}", f"--num-gpus={tp}", "--block"),
+                {ENV_HOST_IP: host},
             )
-            for n in nodes[1:]
+            for host, _ in hosts[1:]
         ),
         serve=serve,
         tensor_parallel=tp,

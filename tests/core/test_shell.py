@@ -139,6 +139,17 @@ def test_bash_quoting_rules() -> None:
     )
 
 
+def test_bash_passes_file_name_bytes_that_are_not_utf8() -> None:
+    """A path os.fsdecode made of invalid UTF-8 holds lone surrogates: bash gets the bytes."""
+    words = ["bytes\udcff\udc80.gguf", "ok"]
+    line = quote_bash(["printf", "%s\\0", *words])
+    line.encode("utf-8")  # a script can hold it
+    assert "$'bytes\\xff\\x80.gguf'" in line
+    assert _bash(line).split(b"\0")[:-1] == [os.fsencode(w) for w in words]
+    with pytest.raises(ValueError, match="lone surrogate"):
+        quote_bash(["x", "\ud800"])
+
+
 def test_bad_input_is_refused() -> None:
     with pytest.raises(ValueError, match="empty command"):
         quote_bash([])
