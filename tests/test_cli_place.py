@@ -15,6 +15,7 @@ from qmgui.core.footprint import CONTEXT_BYTES
 from qmgui.core.launch import LaunchSettings
 from qmgui.core.placement import AutoContext
 from qmgui.core.units import MIB
+from tests.core.test_export_hostile import swap_load
 from tests.synth.factory import PRESETS, write_gguf, write_hf_folder
 from tests.test_cli import run
 
@@ -130,3 +131,18 @@ def test_usage_errors_and_models_that_cannot_be_placed(models: Path) -> None:
     code, out, _ = run("place", str(models / "hf"), str(models / "llama.gguf"), "--gpu", "1GiB")
     assert code == 1
     assert "not placed: " in out and "vLLM" in out
+
+
+def test_a_literal_port_macro_in_a_path_stays_the_path(models: Path) -> None:
+    odd = models / "${PORT}.gguf"
+    odd.write_bytes((models / "llama.gguf").read_bytes())
+    code, out, _ = run(
+        "place", f"{odd}@c=1024", "--gpu", mib(64), "--reserve", "0",
+        "--llama-swap", "-", "--backend", "/opt/llama.cpp/llama-server", "--no-probe",
+    )  # fmt: skip
+    assert code == 0
+    loaded = swap_load(out, {}, windows=False)  # llama-swap's reading, macros included
+    (model,) = loaded["models"].values()
+    argv = model["argv"]
+    assert argv[argv.index("-m") + 1] == str(odd)  # the path, not the port
+    assert argv[argv.index("--port") + 1] == str(model["port"])

@@ -13,10 +13,10 @@ from qmgui import notify
 from qmgui.cli.plan import add_reserve_flag, add_rpc_flag, gpus_from
 from qmgui.cli.preview import Resolver, UsageError, load_quietly
 from qmgui.core.discovery import ModelEntry, entry_for_path
-from qmgui.core.emit import PORT_MACRO, Command, DevicePin, EmitError, skipped
+from qmgui.core.emit import Command, DevicePin, EmitError, skipped
 from qmgui.core.emit.llama import emit_llama
 from qmgui.core.errors import SizingError
-from qmgui.core.export import ExportError, unique_name
+from qmgui.core.export import PORT_MARK, ExportError, unique_name
 from qmgui.core.export.llama_swap import render_run_set
 from qmgui.core.footprint import Gpu
 from qmgui.core.launch import CACHE_TYPES, LaunchSettings
@@ -330,7 +330,7 @@ def _commands(
             entry,
             x.settings,
             executable=target.executable,
-            port=PORT_MACRO,
+            port=PORT_MARK,
             supported_flags=target.supported,
             valueless_flags=target.valueless,
             devices=pin,
