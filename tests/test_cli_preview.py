@@ -182,3 +182,16 @@ def test_engine_flag_picks_a_backend_of_that_kind(models: Path) -> None:
     data = json.loads(out)
     assert data["backend"]["id"] == "vllm-0.11"
     assert data["argv"][:2] == ["/opt/v/vllm", "serve"]
+
+
+def test_secrets_are_redacted_unless_asked(models: Path, fake_exe: Path) -> None:
+    model = str(models / "qwen3 moe.gguf")
+    base = (model, "--backend", str(fake_exe), "--no-probe", "--extra=--api-key s3cret-key")
+    code, out, _ = run(*base)
+    assert code == 0
+    assert "s3cret-key" not in out and "<redacted>" in out
+    code, out, _ = run(*base, "--json")
+    argv = json.loads(out)["argv"]
+    assert argv[argv.index("--api-key") + 1] == "<redacted>"
+    code, out, _ = run(*base, "--show-secrets")
+    assert "s3cret-key" in out

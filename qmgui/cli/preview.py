@@ -45,6 +45,7 @@ from qmgui.core.footprint import Gpu
 from qmgui.core.launch import LaunchSettings
 from qmgui.core.meta import ModelClass
 from qmgui.core.shell import quote_bash, quote_powershell
+from qmgui.core.textsafe import redact_argv, redact_env
 from qmgui.core.units import parse_size
 from qmgui.core.vllm import VllmPins, plan_vllm
 from qmgui.engines.llama_run import find_llama_server
@@ -428,6 +429,12 @@ def register(sub: Any) -> None:
     add_target_flags(p)
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help="default 8080")
     p.add_argument(
+        "--show-secrets",
+        action="store_true",
+        help="print the values of --api-key, --hf-token and *_TOKEN variables (default: "
+        "<redacted>, so the output can be shared)",
+    )
+    p.add_argument(
         "--json",
         action="store_true",
         help='print {"argv": [...], "env": {...}, "backend": {...}, "warnings": [...]}',
@@ -502,6 +509,8 @@ def cmd_preview(args: argparse.Namespace, out: TextIO) -> int:
     except (UsageError, EmitError, SizingError) as e:
         notify.error(str(e), source=SOURCE)
         return EXIT_USAGE
+    if not args.show_secrets:
+        command = replace(command, argv=redact_argv(command.argv), env=redact_env(command.env))
     if args.json:
         backend = emitted.target.to_json() if emitted else None
         data = {**command.to_json(), "backend": backend}

@@ -792,8 +792,9 @@ class MainWindow(QMainWindow):
                 f"Does not fit: {fit.reason}.", ok=False, nearest=fit.nearest is not None
             )
         self.preview.set_command(
-            outcome.bash, outcome.powershell, outcome.command.warnings, outcome.engine
-        )
+            outcome.bash, outcome.powershell, outcome.command.warnings, outcome.engine,
+            shown=(outcome.shown_bash, outcome.shown_powershell),
+        )  # fmt: skip
         self.start_button.setEnabled(outcome.command.runnable)
 
     def _refresh_bars(self) -> None:

@@ -19,6 +19,7 @@ from qmgui.core.fit import Budget, FitResult, check, max_context, offload_for_co
 from qmgui.core.launch import CTX_PAD, LaunchSettings
 from qmgui.core.meta import ModelClass
 from qmgui.core.shell import quote_bash, quote_powershell
+from qmgui.core.textsafe import redact_argv, redact_env
 from qmgui.core.units import MIB
 from qmgui.ui.hardware import Hardware
 from qmgui.ui.occupancy import gpu_index
@@ -130,6 +131,10 @@ class PlanOutcome:
     bash: str
     powershell: str
     engine: str  # which engine and why ("no backends registered: llama-server")
+    # what the preview shows: the command with secrets (--api-key values, *_TOKEN variables)
+    # as <redacted>, for screenshots and screen shares; Copy takes `bash`/`powershell`
+    shown_bash: str = ""
+    shown_powershell: str = ""
 
 
 def _nearest(entry: ModelEntry, settings: LaunchSettings, budget: Budget) -> LaunchSettings | None:
@@ -203,7 +208,13 @@ def plan_model(
         command = skipped(str(e))
     bash = quote_bash(command.argv, command.env) if command.runnable else ""
     ps = quote_powershell(command.argv, command.env) if command.runnable else ""
-    return PlanOutcome(entry, settings, hw, fit, error, command, bash, ps, engine)
+    shown_bash, shown_ps = bash, ps
+    argv, env = redact_argv(command.argv), redact_env(command.env)
+    if command.runnable and (argv, env) != (tuple(command.argv), dict(command.env)):
+        shown_bash, shown_ps = quote_bash(argv, env), quote_powershell(argv, env)
+    return PlanOutcome(
+        entry, settings, hw, fit, error, command, bash, ps, engine, shown_bash, shown_ps
+    )
 
 
 def fit_context(

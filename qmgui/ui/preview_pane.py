@@ -27,6 +27,7 @@ class PreviewPane(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._lines = {BASH: "", POWERSHELL: ""}
+        self._shown = dict(self._lines)
         title = QLabel("<b>Launch command</b>", self)
         self.engine = QLabel("", self)
         self.engine.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -78,9 +79,18 @@ class PreviewPane(QWidget):
         (self.bash if shell == BASH else self.powershell).setChecked(True)
 
     def set_command(
-        self, bash: str, powershell: str, warnings: tuple[str, ...] = (), engine: str = ""
+        self,
+        bash: str,
+        powershell: str,
+        warnings: tuple[str, ...] = (),
+        engine: str = "",
+        *,
+        shown: tuple[str, str] | None = None,
     ) -> None:
+        """`bash`/`powershell` are what Copy takes; `shown` (the same with secrets redacted)
+        is what the pane displays, when given."""
         self._lines = {BASH: bash, POWERSHELL: powershell}
+        self._shown = {BASH: shown[0], POWERSHELL: shown[1]} if shown else dict(self._lines)
         self.engine.setText(engine.split(":", 1)[0])
         self.engine.setToolTip(engine)
         self._show()
@@ -112,4 +122,4 @@ class PreviewPane(QWidget):
             self.copy()
 
     def _show(self) -> None:
-        self.text.setPlainText(self._lines[self.shell])
+        self.text.setPlainText(self._shown[self.shell])

@@ -259,3 +259,18 @@ def test_first_run_offers_the_usual_folders(qtbot, make_window, tmp_path: Path) 
     settle(qtbot, w)
     assert w.table.model.rowCount() == 1
     assert str(home / "models") in w.settings.model_roots
+
+
+def test_the_preview_shows_secrets_redacted_and_copies_them(
+    qtbot, make_window, models: Path
+) -> None:  # type: ignore[no-untyped-def]
+    w = make_window([str(models)], hardware_choice="RTX 4090")
+    settle(qtbot, w)
+    select(qtbot, w, "tiny-llama")
+    w.plan_panel.extra_args_edit.setText("--api-key s3cret-key")
+    w.plan_panel.extra_args_edit.editingFinished.emit()
+    qtbot.waitUntil(lambda: w.outcome is not None and "s3cret-key" in w.outcome.bash)
+    qtbot.waitUntil(lambda: "<redacted>" in w.preview.text.toPlainText())
+    assert "s3cret-key" not in w.preview.text.toPlainText()
+    w.preview.copy()
+    assert "s3cret-key" in QApplication.clipboard().text()  # what runs, for the user's own use
