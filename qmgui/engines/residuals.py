@@ -23,7 +23,6 @@ import re
 import socket
 import tempfile
 import threading
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -31,12 +30,14 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from filelock import FileLock
 
 from qmgui import notify
 from qmgui.core.footprint import CPU, DeviceFootprint, Footprint
 from qmgui.core.readback import DeviceReport, EngineReport, parse_llama_log
 from qmgui.engines.registry import state_dir
 from qmgui.hw.nvml import NvmlReading
+from qmgui.keep_aside import move_aside
 
 FILE_NAME = "residuals.json"
 VERSION = 1
@@ -239,8 +240,13 @@ def _key(machine: str, build: str | None, architecture: str | None) -> str:
     return f"{machine}|{build or 'unknown'}|{architecture or 'unknown'}"
 
 
+LOCK_TIMEOUT_S = 10.0  # another qmgui holds the store's lock for milliseconds per record
+
+
 class ResidualStore:
-    """Thread-safe; every change is written atomically."""
+    """Thread-safe and process-safe (a file lock beside the store around each
+    read-modify-write: the window and `qmgui serve` record at the same time); every change is
+    written atomically."""
 
     def __init__(
         self, path: Path | None = None, *, notifier: notify.Notifier | None = None
@@ -259,11 +265,10 @@ class ResidualStore:
         except FileNotFoundError:
             return {}
         except (OSError, ValueError, KeyError, TypeError) as e:
-            aside = self.path.with_name(
-                f"{self.path.name}.bad-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
-            )
-            with contextlib.suppress(OSError):
-                os.replace(self.path, aside)
+            try:
+                aside: Path | str = move_aside(self.path)
+            except OSError:
+                aside = "(it could not be moved aside)"
             (self._notifier or notify.notifier).warning(
                 f"the memory residual store {self.path} could not be read ({type(e).__name__}); "
                 f"it was moved to {aside} and a new one is started",
@@ -295,7 +300,8 @@ class ResidualStore:
         machine = machine or machine_name()
         key = _key(machine, result.build, result.architecture)
         residuals = result.residuals()
-        with self._lock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._lock, FileLock(f"{self.path}.lock", timeout=LOCK_TIMEOUT_S):
             entries = self._read()
             old = entries.get(key) or {}
             n = int(old.get("samples", 0)) if isinstance(old, dict) else 0

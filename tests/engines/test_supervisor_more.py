@@ -313,3 +313,26 @@ def test_cli_engines_list_and_stop() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(5)
+
+
+def test_residual_store_keeps_every_writer_across_processes(tmp_path: Path) -> None:
+    """Four processes record 10 samples each into one store at once: the mean counts all 40."""
+    path = tmp_path / "r.json"
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from tests.engines.test_supervisor_more import LOG, _footprint\n"
+        "from qmgui.engines.residuals import ResidualStore, readback\n"
+        "store = ResidualStore(Path(sys.argv[1]))\n"
+        "rb = readback(LOG, _footprint())\n"
+        "for _ in range(10):\n"
+        "    store.record(rb, machine='box')\n"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(path)], cwd=Path(__file__).parents[2])
+        for _ in range(4)
+    ]
+    for p in procs:
+        assert p.wait(timeout=120) == 0
+    (entry,) = json.loads(path.read_text(encoding="utf-8"))["entries"].values()
+    assert entry["samples"] == 40
