@@ -39,9 +39,11 @@ def test_default_is_this_machines_ram(tmp_path: Path, monkeypatch) -> None:  # t
 
     monkeypatch.setattr(plan_mod, "read_ram", lambda: (2048, 1024))
     code, out, _ = run("plan", str(_model(tmp_path)), "-c", "4096", "--json")
+    assert code == 0
     assert json.loads(out)["fits"] is False
     monkeypatch.setattr(plan_mod, "read_ram", lambda: (64 << 30, 32 << 30))
     code, out, _ = run("plan", str(_model(tmp_path)), "-c", "4096", "--json")
+    assert code == 0
     plan = json.loads(out)
     assert plan["fits"] is True
     assert plan["warnings"] == []

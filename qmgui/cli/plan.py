@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import replace
 from typing import Any, TextIO
 
@@ -12,7 +13,14 @@ from qmgui.core.discovery import ModelEntry, entry_for_path
 from qmgui.core.errors import SizingError
 from qmgui.core.fit import Budget, FitResult, check
 from qmgui.core.footprint import Gpu
-from qmgui.core.launch import CACHE_TYPES, DEFAULT_BATCH, DEFAULT_UBATCH, LaunchSettings
+from qmgui.core.launch import (
+    CACHE_TYPES,
+    DEFAULT_BATCH,
+    DEFAULT_UBATCH,
+    MAX_SEQ,
+    LaunchSettings,
+)
+from qmgui.core.meta import MAX_CONTEXT
 from qmgui.core.units import format_bytes, parse_size
 from qmgui.core.vllm import VllmPins, plan_vllm
 from qmgui.hw.host import read_ram
@@ -223,11 +231,62 @@ def _is_size(text: str) -> bool:
     return True
 
 
+def _in_range(flag: str, value: int | None, lo: int, hi: int, sentence: str) -> None:
+    if value is not None and not lo <= value <= hi:
+        raise ValueError(f"{flag} {value}: {sentence}")
+
+
+def check_ranges(args: argparse.Namespace) -> None:
+    """Refuse launch flags outside the range the engine takes, with a sentence giving the
+    range (ValueError): a negative or zero context, slot count or batch, -ngl below -1."""
+    _in_range(
+        "-c/--ctx-size",
+        args.ctx,
+        1,
+        MAX_CONTEXT,
+        f"give a context of 1 to {MAX_CONTEXT:,} tokens, or leave -c out for the model's "
+        "trained context",
+    )
+    if args.parallel is not None and args.parallel != -1:
+        _in_range(
+            "-np/--parallel",
+            args.parallel,
+            1,
+            MAX_SEQ,
+            f"give 1 to {MAX_SEQ} slots, or -1 (auto)",
+        )
+    for flag, value in (("-b/--batch-size", args.batch), ("-ub/--ubatch-size", args.ubatch)):
+        _in_range(flag, value, 1, MAX_CONTEXT, f"give 1 to {MAX_CONTEXT:,} tokens")
+    _in_range(
+        "-ngl/--n-gpu-layers",
+        args.ngl,
+        -1,
+        1 << 31,
+        "give the number of layers on the GPU (0 or more), or -1 for all",
+    )
+    _in_range("-ncmoe/--n-cpu-moe", args.n_cpu_moe, 0, 1 << 31, "give 0 or more layers")
+
+
+def _tensor_split(text: str) -> tuple[float, ...]:
+    try:
+        split = tuple(float(x) for x in text.replace("/", ",").split(","))
+    except ValueError:
+        split = ()
+    if not split or not all(math.isfinite(x) and x >= 0 for x in split) or not any(split):
+        raise ValueError(
+            f"-ts/--tensor-split {text}: give a share per GPU, numbers of 0 or more (not all "
+            "0), e.g. 3,1"
+        )
+    return split
+
+
 def launch_settings_from(args: argparse.Namespace) -> LaunchSettings:
-    """The LaunchSettings the flags of `add_plan_flags` describe (ValueError when malformed)."""
+    """The LaunchSettings the flags of `add_plan_flags` describe (ValueError with a sentence
+    giving the valid range when a flag is malformed or out of range)."""
+    check_ranges(args)
     split: tuple[float, ...] = ()
     if args.tensor_split:
-        split = tuple(float(x) for x in args.tensor_split.replace("/", ",").split(","))
+        split = _tensor_split(args.tensor_split)
     return LaunchSettings(
         ctx_size=args.ctx,
         parallel=args.parallel,

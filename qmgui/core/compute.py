@@ -649,7 +649,7 @@ def _replay_layers_uncached(meta: ModelMeta) -> tuple[int, ...]:
     for t in meta.tensors:
         if t.name.startswith("blk."):
             idx, _, rest = t.name[4:].partition(".")
-            if idx.isdigit():
+            if idx.isascii() and idx.isdigit() and len(idx) <= 9:
                 blocks.setdefault(int(idx), []).append((rest, t.shape))
     ids: dict[tuple[object, ...], int] = {}
     sig = [ids.setdefault(_layer_signature(meta, il, blocks), len(ids)) for il in range(n - 1)]
@@ -1811,6 +1811,32 @@ def _reserve_shapes(r: Resolved, embeddings: bool) -> list[_Shape]:
     return [pp, tg]
 
 
+# What a graph built from a header's numbers can raise when those numbers contradict each other
+# in a way no check foresaw (a zero group count divides a width, a negative shape indexes
+# nothing): the model's compute buffer is then "not estimated", never a crash of the plan.
+GRAPH_FAULTS = (ArithmeticError, ValueError, IndexError, KeyError)
+# The deepest graph replayed: 2x the deepest real model (~130 layers). A replay costs a few ms
+# a layer when layers differ, so a header at llama.cpp's 512-layer limit with every layer
+# different would take seconds per estimate (and a fit search asks dozens of times); such a
+# header gets no compute estimate instead.
+MAX_GRAPH_LAYERS = 256
+
+
+def check_graph_size(meta: ModelMeta) -> None:
+    if meta.n_layer > MAX_GRAPH_LAYERS:
+        raise SizingError(
+            f"{meta.name}: {meta.n_layer} layers, more than the {MAX_GRAPH_LAYERS} a compute "
+            "graph is replayed for"
+        )
+
+
+def graph_fault(meta: ModelMeta, e: Exception) -> SizingError:
+    return SizingError(
+        f"{meta.name}: the header's numbers do not build a {meta.architecture} graph "
+        f"({type(e).__name__}: {e})"
+    )
+
+
 def compute_buffer_bytes(
     meta: ModelMeta, r: Resolved, *, backend: str = "CPU", embeddings: bool | None = None
 ) -> int:
@@ -1824,6 +1850,7 @@ def compute_buffer_bytes(
         raise SizingError(f"the compute buffer is modelled for the CPU backend only, not {backend}")
     if meta.n_layer <= 0 or meta.n_embd <= 0:
         raise SizingError(f"{meta.name}: no layer count or embedding width in the header")
+    check_graph_size(meta)
     embd = _is_embedding(meta) if embeddings is None else embeddings
     # the same launch asked again (a slider moved back, a fit search confirming its answer)
     key = (id(meta), r, embd)
@@ -1831,7 +1858,10 @@ def compute_buffer_bytes(
     if hit is not None and hit[0] is meta:
         return hit[1]
     build, margin = _layout(meta)
-    peak = _reserve_bytes(meta, r, build, embd)
+    try:
+        peak = _reserve_bytes(meta, r, build, embd)
+    except GRAPH_FAULTS as e:
+        raise graph_fault(meta, e) from e
     result = peak if margin == 1.0 else math.ceil(peak * margin)
     if len(_BYTES_CACHE) >= 64 * _CACHE_KEPT:
         _BYTES_CACHE.clear()

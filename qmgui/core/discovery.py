@@ -13,7 +13,6 @@ one is `qmgui.cache.SqliteHeaderCache`); without one every header is read from d
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import stat
@@ -33,6 +32,7 @@ from qmgui.core.hf import (
     read_safetensors_header,
 )
 from qmgui.core.meta import ModelClass, ModelMeta, meta_from_gguf
+from qmgui.core.safeio import kind_of, loads_json, not_regular, read_regular
 
 SPLIT_RE = re.compile(r"^(?P<base>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
 MAX_DEPTH = 16  # deeper than any real models tree; bounds a walk of a wrong root
@@ -56,6 +56,7 @@ PARTIAL_SUFFIXES = (".part", ".partial", ".incomplete", ".download", ".crdownloa
 OLLAMA_MODEL = "application/vnd.ollama.image.model"
 OLLAMA_PROJECTOR = "application/vnd.ollama.image.projector"
 OLLAMA_DEFAULT_HOST = "registry.ollama.ai"
+_COMMIT = re.compile(r"[0-9A-Za-z_-][0-9A-Za-z._-]{0,99}")
 
 
 @dataclass(frozen=True)
@@ -221,6 +222,10 @@ class _Walker:
             else:
                 self.problem(root, "not a .gguf file or a folder")
             return
+        if not stat.S_ISDIR(st.st_mode):
+            # a FIFO, socket or device: never opened (a FIFO would block the scan forever)
+            self.problem(root, f"is {kind_of(st.st_mode)}, not a folder or a .gguf file")
+            return
         self.stack.append((root, 0, _source_of(root)))
         while self.stack and not self.stop():
             self.visit(*self.stack.pop())
@@ -304,11 +309,12 @@ def _hf_cache_snapshot(repo_dir: str) -> str | None:
     """The snapshot `refs/main` points at, else the newest one."""
     snaps = os.path.join(repo_dir, "snapshots")
     try:
-        with open(os.path.join(repo_dir, "refs", "main"), encoding="utf-8") as f:
-            commit = f.read(200).strip()
-        if commit and os.path.isdir(os.path.join(snaps, commit)):
+        ref = read_regular(os.path.join(repo_dir, "refs", "main"), 200)
+        commit = ref.decode("utf-8", errors="replace").strip()
+        # a commit hash: nothing that could climb out of snapshots/ ("..", "/")
+        if _COMMIT.fullmatch(commit) and os.path.isdir(os.path.join(snaps, commit)):
             return os.path.join(snaps, commit)
-    except OSError:
+    except (ModelReadError, ValueError):  # ValueError: a NUL byte in the name
         pass
     try:
         with os.scandir(snaps) as it:
@@ -354,19 +360,28 @@ class _GgufGroup:
             headers = [reader.read(p) for p in shard_paths]
         except ModelReadError as e:
             return replace(base, error=_sentence(e))
-        meta = meta_from_gguf(
-            headers[0], file_name=os.path.basename(self.first), more_shards=headers[1:]
-        )
-        entry = replace(base, meta=meta)
+        incomplete = None
         if missing:
             shown = ", ".join(str(i) for i in missing[:5])
-            return replace(
-                entry,
-                error=f"split set is missing shard(s) {shown} of "
-                f"{self.split_count}; download them into {self.folder}",
+            incomplete = (
+                f"split set is missing shard(s) {shown} of "
+                f"{self.split_count}; download them into {self.folder}"
             )
-        if 1 not in self.shards:
-            return replace(entry, error="split set has no first shard (00001)")
+        elif 1 not in self.shards:
+            incomplete = "split set has no first shard (00001)"
+        try:
+            meta = meta_from_gguf(
+                headers[0],
+                file_name=os.path.basename(self.first),
+                more_shards=headers[1:],
+                partial=incomplete is not None,
+            )
+        except ModelReadError as e:
+            # an incomplete set says so first: its first header may not be the model's
+            return replace(base, error=incomplete or _sentence(e))
+        entry = replace(base, meta=meta)
+        if incomplete:
+            return replace(entry, error=incomplete)
         return replace(entry, mmproj=self.pick_projector(meta))
 
     def pick_projector(self, meta: ModelMeta) -> str | None:
@@ -476,6 +491,9 @@ class _HeaderReader:
             raise ModelReadError(path, "vanished during the scan; rescan") from e
         except OSError as e:
             raise ModelReadError(path, f"cannot be read ({e.strerror or e})") from e
+        bad = not_regular(path, st.st_mode)
+        if bad is not None:  # a FIFO, socket or device: never opened, never cached
+            raise bad
         if self.cache is not None:
             hit = self.cache.get(path, st.st_size, st.st_mtime_ns)
             if isinstance(hit, ModelReadError):
@@ -531,10 +549,10 @@ def _hf_entry(folder: str, name: str, source: str) -> ModelEntry | None:
         if model_class is None:
             return None
         headers: list[SafetensorsHeader] = [read_safetensors_header(p) for p in paths]
+        missing = _missing_index_shards(folder, files)
+        meta = meta_from_hf(cfg, headers, name=name, model_class=model_class, path=cfg_path)
     except ModelReadError as e:
         return replace(base, error=f"{os.path.basename(e.path)}: {_sentence(e)}")
-    missing = _missing_index_shards(folder, files)
-    meta = meta_from_hf(cfg, headers, name=name, model_class=model_class)
     entry = replace(base, meta=meta)
     if missing:
         return replace(
@@ -545,13 +563,19 @@ def _hf_entry(folder: str, name: str, source: str) -> ModelEntry | None:
     return entry
 
 
+MAX_INDEX_BYTES = 16 * 1024 * 1024  # DeepSeek-V3's index (91k tensors) is 6.5 MB
+
+
 def _missing_index_shards(folder: str, present: Sequence[str]) -> list[str]:
+    """Weight files model.safetensors.index.json names that are not in the folder. No index:
+    none; an index that is not a regular file or not usable JSON: ModelReadError."""
     index = os.path.join(folder, "model.safetensors.index.json")
-    try:
-        with open(index, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
+    if not os.path.lexists(index):
         return []
+    raw = read_regular(index, MAX_INDEX_BYTES)
+    if len(raw) > MAX_INDEX_BYTES:
+        raise ModelReadError(index, f"larger than {MAX_INDEX_BYTES} bytes; not a weight index")
+    data = loads_json(raw, index)
     wm = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(wm, dict):
         return []
@@ -586,12 +610,11 @@ def _ollama_entry(manifest: str, name: str, blobs: Path) -> ModelEntry:
         id=manifest, path=manifest, name=name, format="gguf", source="ollama", size_bytes=0
     )
     try:
-        with open(manifest, encoding="utf-8") as f:
-            data = json.loads(f.read(1 << 20))
+        data = loads_json(read_regular(manifest, 1 << 20), manifest)
         layers = data["layers"]
         model = next(x for x in layers if x.get("mediaType") == OLLAMA_MODEL)
         proj = next((x for x in layers if x.get("mediaType") == OLLAMA_PROJECTOR), None)
-    except (OSError, ValueError, KeyError, TypeError, StopIteration, AttributeError):
+    except (ModelReadError, KeyError, TypeError, StopIteration, AttributeError):
         return replace(base, error=f"manifest {manifest} is unreadable or names no model layer")
     blob = str(blobs / str(model.get("digest", "")).replace(":", "-"))
     mmproj = str(blobs / str(proj.get("digest", "")).replace(":", "-")) if proj else None
@@ -612,9 +635,14 @@ def _read_ollama_entry(entry: ModelEntry, reader: _HeaderReader) -> ModelEntry:
         )
     except OSError as e:
         return replace(entry, error=f"blob cannot be read ({e.strerror or e})")
+    except ValueError:  # a NUL byte in the digest the manifest gives
+        return replace(entry, error=f"manifest {entry.id} names a blob that is no file name")
     except ModelReadError as e:
         return replace(entry, size_bytes=size, error=_sentence(e))
-    meta = meta_from_gguf(header, file_name=entry.name)
+    try:
+        meta = meta_from_gguf(header, file_name=entry.name)
+    except ModelReadError as e:
+        return replace(entry, size_bytes=size, error=_sentence(e))
     mmproj = entry.mmproj if entry.mmproj and os.path.exists(entry.mmproj) else None
     return replace(entry, size_bytes=size, meta=meta, mmproj=mmproj)
 

@@ -35,7 +35,7 @@ QUANT_BLOCKS: dict[str, tuple[int, int]] = {t.name: v for t, v in GGML_QUANT_SIZ
 CPU = "CPU"
 # tensors of llama.cpp's input layer (LLM_TENSOR_LAYER_INPUT): always on the CPU
 INPUT_TENSORS = frozenset({"token_embd.weight", "position_embd.weight", "token_types.weight"})
-_BLK = re.compile(r"^blk\.(\d+)\.")
+_BLK = re.compile(r"^blk\.([0-9]{1,9})\.")  # ASCII, bounded: int() never refuses it
 # expert weights that --cpu-moe / --n-cpu-moe keep on the CPU (common/arg.cpp's pattern)
 _EXPERTS = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch)?exps")
 # architectures llama.cpp creates no KV memory for (llama_model::create_memory: encoders and

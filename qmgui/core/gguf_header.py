@@ -22,6 +22,7 @@ from typing import NamedTuple, Union
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from qmgui.core.errors import ModelReadError
+from qmgui.core.safeio import open_regular
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -136,10 +137,11 @@ def tensor_nbytes(ggml_type: int, shape: tuple[int, ...]) -> int:
 
 
 def read_gguf_header(path: str | os.PathLike[str]) -> GGUFHeader:
-    """Read the header of one GGUF file; raises ModelReadError for anything malformed."""
+    """Read the header of one GGUF file; raises ModelReadError for anything malformed, and
+    for a path that is not a regular file (a FIFO, socket or device is never opened)."""
     fspath = os.fspath(path)
     try:
-        with open(fspath, "rb", buffering=0) as f:
+        with open_regular(fspath) as f:
             size = os.fstat(f.fileno()).st_size
             return _Parser(f, fspath, size).parse()
     except ModelReadError:

@@ -8,7 +8,6 @@ without touching the data. Multimodal wrappers keep the language model's numbers
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import struct
@@ -17,10 +16,34 @@ from dataclasses import dataclass
 from typing import Any
 
 from qmgui.core.errors import ModelReadError
-from qmgui.core.meta import MlaDims, ModelClass, ModelMeta, SsmDims, TensorEntry
+from qmgui.core.meta import (
+    MAX_CONTEXT,
+    MAX_EMBD,
+    MAX_EXPERTS,
+    MAX_EXPERTS_USED,
+    MAX_HEAD_DIM,
+    MAX_LAYERS,
+    MAX_SMALL,
+    MAX_VOCAB,
+    MAX_WIDTH,
+    ImplausibleValue,
+    MlaDims,
+    ModelClass,
+    ModelMeta,
+    SsmDims,
+    TensorEntry,
+    check_relations,
+    checked_count,
+    shown,
+)
+from qmgui.core.safeio import loads_json, open_regular, read_regular, read_upto
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024  # real config.json files are a few KiB
-MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024  # the safetensors format's own limit
+# The safetensors format allows a 100 MB header; real ones hold ~120 bytes per tensor (a few
+# MiB for the largest single files), and a hostile one is parsed in memory: 16 MiB bounds it.
+MAX_SAFETENSORS_HEADER = 16 * 1024 * 1024
+MAX_TENSOR_DIMS = 8  # real tensors have 1 to 4 dimensions
+MAX_DTYPE_LEN = 32  # "F8_E4M3"
 
 # bytes per element of each safetensors dtype
 SAFETENSORS_DTYPE_BYTES = {
@@ -45,7 +68,7 @@ SAFETENSORS_DTYPE_BYTES = {
 # config.json architecture suffixes and names that say what a folder is
 _LLM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 _ASR_ARCH = re.compile(r"^(Whisper|Wav2Vec2|Hubert|Parakeet|SpeechEncoderDecoder).*")
-_LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)\.")
+_LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.([0-9]{1,9})\.")
 _NO_KV_LAYER_TYPES = frozenset(
     {"linear_attention", "mamba", "ssm", "mamba2", "conv", "recurrent", "short_conv"}
 )
@@ -61,29 +84,30 @@ class SafetensorsHeader:
 def read_safetensors_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
     """Read the JSON header of one .safetensors file; ModelReadError if it is malformed."""
     fspath = os.fspath(path)
-    try:
-        with open(fspath, "rb") as f:
+    with open_regular(fspath) as f:  # a FIFO or device: ModelReadError, never opened
+        try:
             size = os.fstat(f.fileno()).st_size
-            head = f.read(8)
+            head = read_upto(f, 8)
             if len(head) < 8:
                 raise ModelReadError(fspath, f"only {size} bytes; not a safetensors file", offset=0)
             (n,) = struct.unpack("<Q", head)
-            if n > MAX_SAFETENSORS_HEADER or 8 + n > size:
+            if 8 + n > size:
                 raise ModelReadError(
                     fspath,
                     f"header claims {n} bytes but the file has {size}; truncated or not "
                     "safetensors: download it again",
                     offset=0,
                 )
-            raw = f.read(n)
-    except ModelReadError:
-        raise
-    except OSError as e:
-        raise ModelReadError(fspath, f"could not be read ({e.strerror or e})") from e
-    try:
-        table = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelReadError(fspath, f"header is not valid JSON ({e})", offset=8) from e
+            if n > MAX_SAFETENSORS_HEADER:
+                raise ModelReadError(
+                    fspath,
+                    f"header claims {n} bytes, over the limit of {MAX_SAFETENSORS_HEADER}",
+                    offset=0,
+                )
+            raw = read_upto(f, n)
+        except OSError as e:
+            raise ModelReadError(fspath, f"could not be read ({e.strerror or e})") from e
+    table = loads_json(raw, fspath, what="header is", offset=8)
     if not isinstance(table, dict):
         raise ModelReadError(fspath, "header is not a JSON object", offset=8)
     data_size = size - 8 - n
@@ -97,13 +121,33 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
     return SafetensorsHeader(fspath, tuple(tensors), metadata)
 
 
+def _whole(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def _safetensors_entry(path: str, name: str, info: Any, data_size: int) -> TensorEntry:
+    shown_name = shown(name)
     try:
-        dtype = str(info["dtype"])
-        shape = tuple(int(d) for d in info["shape"])
-        start, end = (int(x) for x in info["data_offsets"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise ModelReadError(path, f"tensor {name!r} has a malformed header entry") from e
+        dtype, shape_raw, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    except (KeyError, TypeError, IndexError) as e:
+        raise ModelReadError(path, f"tensor {shown_name} has a malformed header entry") from e
+    if not isinstance(dtype, str) or not 0 < len(dtype) <= MAX_DTYPE_LEN:
+        raise ModelReadError(path, f"tensor {shown_name} has dtype {shown(dtype)}")
+    if (
+        not isinstance(shape_raw, list)
+        or len(shape_raw) > MAX_TENSOR_DIMS
+        or not all(_whole(d) and 0 <= d < 1 << 63 for d in shape_raw)
+    ):
+        raise ModelReadError(path, f"tensor {shown_name} has shape {shown(shape_raw)}")
+    shape = tuple(shape_raw)
+    n = 1
+    for d in shape:
+        n *= d
+    if n >= 1 << 63:
+        raise ModelReadError(path, f"tensor {shown_name} shape {shape} overflows 63 bits")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(map(_whole, offsets)):
+        raise ModelReadError(path, f"tensor {shown_name} has data offsets {shown(offsets)}")
+    start, end = offsets
     if not 0 <= start <= end <= data_size:
         raise ModelReadError(
             path,
@@ -114,18 +158,13 @@ def _safetensors_entry(path: str, name: str, info: Any, data_size: int) -> Tenso
 
 
 def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """config.json as a dict; ModelReadError for anything else (not a regular file, too big,
+    not JSON within safeio's limits, not an object)."""
     fspath = os.fspath(path)
-    try:
-        with open(fspath, "rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
-    except OSError as e:
-        raise ModelReadError(fspath, f"could not be read ({e.strerror or e})") from e
+    raw = read_regular(fspath, MAX_CONFIG_BYTES)
     if len(raw) > MAX_CONFIG_BYTES:
         raise ModelReadError(fspath, f"larger than {MAX_CONFIG_BYTES} bytes; not a model config")
-    try:
-        cfg = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelReadError(fspath, f"is not valid JSON ({e}); fix or re-download it") from e
+    cfg = loads_json(raw, fspath)
     if not isinstance(cfg, dict):
         raise ModelReadError(fspath, "is not a JSON object")
     return cfg
@@ -163,15 +202,16 @@ def classify_hf(cfg: Mapping[str, Any]) -> ModelClass | None:
     return None
 
 
-def _int(cfg: Mapping[str, Any], *keys: str, default: int | None = None) -> int | None:
+def _int(
+    cfg: Mapping[str, Any], *keys: str, default: int | None = None, hi: int, unit: str
+) -> int | None:
+    """The first of `keys` that holds a number, checked to be a whole number from 0 to `hi`
+    (ImplausibleValue naming the key otherwise); text, lists and null count as absent."""
     for key in keys:
         v = cfg.get(key)
-        if isinstance(v, bool):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
             continue
-        if isinstance(v, int):
-            return v
-        if isinstance(v, float) and v.is_integer():
-            return int(v)
+        return checked_count(key, v, hi, unit)
     return default
 
 
@@ -203,9 +243,11 @@ def _hf_layers(c: Mapping[str, Any], n_layer: int, n_kv: int) -> _Layers:
     recurrent = [False] * n_layer
     warnings: list[str] = []
     layer_types = c.get("layer_types")
-    interval = _int(c, "full_attention_interval")
+    interval = _int(c, "full_attention_interval", hi=MAX_LAYERS, unit="layers")
     if isinstance(layer_types, list) and len(layer_types) == n_layer:
         for il, lt in enumerate(layer_types):
+            if not isinstance(lt, str):  # a list or an object: not a layer type (hashable)
+                continue
             if lt in _NO_KV_LAYER_TYPES:
                 kv[il] = 0
                 recurrent[il] = True
@@ -223,31 +265,43 @@ def _hf_layers(c: Mapping[str, Any], n_layer: int, n_kv: int) -> _Layers:
     return _Layers(tuple(kv), tuple(swa), tuple(recurrent), tuple(warnings))
 
 
+def _head(c: Mapping[str, Any], *keys: str) -> int | None:
+    return _int(c, *keys, hi=MAX_HEAD_DIM, unit="values per head")
+
+
+def _width(c: Mapping[str, Any], *keys: str, default: int | None = None) -> int | None:
+    return _int(c, *keys, default=default, hi=MAX_WIDTH, unit="values")
+
+
 def _hf_mla(c: Mapping[str, Any]) -> MlaDims | None:
-    if not _int(c, "kv_lora_rank"):
+    kv_lora = _width(c, "kv_lora_rank")
+    if not kv_lora:
         return None
-    nope = _int(c, "qk_nope_head_dim")
-    rope = _int(c, "qk_rope_head_dim")
+    nope = _head(c, "qk_nope_head_dim")
+    rope = _head(c, "qk_rope_head_dim")
     return MlaDims(
-        kv_lora_rank=_int(c, "kv_lora_rank", default=0) or 0,
-        q_lora_rank=_int(c, "q_lora_rank"),
+        kv_lora_rank=kv_lora,
+        q_lora_rank=_width(c, "q_lora_rank"),
         rope_dim=rope,
         key_length_mla=(nope + rope) if nope is not None and rope is not None else None,
-        value_length_mla=_int(c, "v_head_dim"),
+        value_length_mla=_head(c, "v_head_dim"),
     )
 
 
 def _hf_ssm(c: Mapping[str, Any], n_embd: int) -> SsmDims | None:
-    state = _int(c, "mamba_d_state", "state_size", "ssm_state_size", "d_state")
+    state = _width(c, "mamba_d_state", "state_size", "ssm_state_size", "d_state")
     if not state:
         return None
-    expand = _int(c, "mamba_expand", "expand", default=2) or 2
+    expand = _int(c, "mamba_expand", "expand", default=2, hi=MAX_SMALL, unit="times") or 2
+    kernel = _int(
+        c, "mamba_d_conv", "conv_kernel", "d_conv", default=4, hi=MAX_SMALL, unit="values"
+    )
     return SsmDims(
-        conv_kernel=_int(c, "mamba_d_conv", "conv_kernel", "d_conv", default=4) or 4,
-        inner_size=_int(c, "mamba_d_inner", "intermediate_size_ssm") or expand * n_embd,
+        conv_kernel=kernel or 4,
+        inner_size=_width(c, "mamba_d_inner", "intermediate_size_ssm") or expand * n_embd,
         state_size=state,
-        group_count=_int(c, "mamba_n_groups", "n_groups", default=1) or 1,
-        time_step_rank=_int(c, "time_step_rank", "mamba_n_heads"),
+        group_count=_width(c, "mamba_n_groups", "n_groups", default=1) or 1,
+        time_step_rank=_width(c, "time_step_rank", "mamba_n_heads"),
     )
 
 
@@ -278,54 +332,93 @@ def _weight_stats(tensors: Sequence[TensorEntry], n_layer: int) -> _WeightStats:
     return _WeightStats(dtypes, tuple(per_layer), other, params)
 
 
+# ModelMeta fields and the config.json keys that give them, first match wins
+_HF_KEYS: dict[str, tuple[str, ...]] = {
+    "n_layer": ("num_hidden_layers", "n_layer", "num_layers"),
+    "n_embd": ("hidden_size", "n_embd", "d_model"),
+    "n_head": ("num_attention_heads", "n_head"),
+    "n_head_kv": ("num_key_value_heads", "num_kv_heads"),
+    "n_expert": ("n_routed_experts", "num_experts", "num_local_experts"),
+    "n_expert_used": ("num_experts_per_tok", "moe_topk"),
+    "n_expert_shared": ("n_shared_experts", "num_shared_experts"),
+    "leading_dense_layers": ("first_k_dense_replace",),
+    "nextn_layers": ("num_nextn_predict_layers",),
+    "context_length": ("max_position_embeddings", "n_positions", "max_seq_len"),
+    "sliding_window": ("sliding_window", "attention_chunk_size"),
+    "n_ff": ("intermediate_size", "n_inner"),
+}
+MAX_ARCH_LEN = 128  # a display string here (HF architecture names are ~40 characters)
+
+
 def meta_from_hf(
     cfg: Mapping[str, Any],
     shards: Sequence[SafetensorsHeader],
     *,
     name: str,
     model_class: ModelClass,
+    path: str = "config.json",
 ) -> ModelMeta:
     """Map config.json (its language-model part) and safetensors headers onto ModelMeta.
 
     Element counts of packed quantised weights (AWQ/GPTQ int32) undercount parameters; the
-    byte counts stay exact.
+    byte counts stay exact. Every count is checked before it sizes anything: an implausible
+    or contradictory value raises ModelReadError naming `path`, the key and the value.
     """
+    try:
+        return _meta_from_hf(cfg, shards, name, model_class)
+    except ImplausibleValue as e:
+        raise ModelReadError(path, str(e)) from None
+
+
+def _meta_from_hf(
+    cfg: Mapping[str, Any],
+    shards: Sequence[SafetensorsHeader],
+    name: str,
+    model_class: ModelClass,
+) -> ModelMeta:
     text = cfg.get("text_config")
     c: Mapping[str, Any] = {**cfg, **text} if isinstance(text, dict) else cfg
-    n_layer = _int(c, "num_hidden_layers", "n_layer", "num_layers", default=0) or 0
-    n_embd = _int(c, "hidden_size", "n_embd", "d_model", default=0) or 0
-    n_head = _int(c, "num_attention_heads", "n_head", default=0) or 0
-    n_kv = _int(c, "num_key_value_heads", "num_kv_heads", default=n_head) or 0
-    head_dim = _int(c, "head_dim") or (n_embd // n_head if n_head else None)
+
+    def count(field: str, hi: int, unit: str, default: int | None = 0) -> int | None:
+        return _int(c, *_HF_KEYS[field], default=default, hi=hi, unit=unit)
+
+    n_layer = count("n_layer", MAX_LAYERS, "layers") or 0
+    n_embd = count("n_embd", MAX_EMBD, "values") or 0
+    n_head = count("n_head", MAX_EMBD, "heads") or 0
+    n_kv = count("n_head_kv", MAX_EMBD, "heads", default=n_head) or 0
+    head_dim = _head(c, "head_dim") or (n_embd // n_head if n_head else None)
     layers = _hf_layers(c, n_layer, n_kv)
     tensors = tuple(t for s in shards for t in s.tensors)
     stats = _weight_stats(tensors, n_layer)
-    ff = _int(c, "intermediate_size", "n_inner", default=0) or 0
-    return ModelMeta(
+    ff = count("n_ff", MAX_WIDTH, "values") or 0
+    n_expert = count("n_expert", MAX_EXPERTS, "experts") or 0
+    arch = (architectures(cfg) or (str(cfg.get("model_type", "unknown")),))[0]
+    meta = ModelMeta(
         format="hf",
-        architecture=(architectures(cfg) or (str(cfg.get("model_type", "unknown")),))[0],
+        architecture=arch[:MAX_ARCH_LEN],
         name=name,
         model_class=model_class,
         quant=_quant_label(cfg, stats.dtypes),
         param_count=stats.params or None,
         weight_bytes=sum(t.nbytes for t in tensors),
-        context_length=_int(c, "max_position_embeddings", "n_positions", "max_seq_len"),
+        context_length=count("context_length", MAX_CONTEXT, "tokens", default=None),
         n_layer=n_layer,
         n_embd=n_embd,
         n_head=(n_head,) * n_layer,
         n_head_kv=layers.kv_heads,
         head_dim_k=head_dim,
-        head_dim_v=_int(c, "v_head_dim") or head_dim,
+        head_dim_v=_head(c, "v_head_dim") or head_dim,
         n_ff=(ff,) * n_layer,
-        vocab_size=_int(c, "vocab_size"),
-        sliding_window=_int(c, "sliding_window", "attention_chunk_size"),
+        vocab_size=_int(c, "vocab_size", hi=MAX_VOCAB, unit="tokens"),
+        sliding_window=count("sliding_window", MAX_CONTEXT, "tokens", default=None),
         swa_layers=layers.swa,
         mla=_hf_mla(c),
-        n_expert=_int(c, "n_routed_experts", "num_experts", "num_local_experts", default=0) or 0,
-        n_expert_used=_int(c, "num_experts_per_tok", "moe_topk", default=0) or 0,
-        n_expert_shared=_int(c, "n_shared_experts", "num_shared_experts", default=0) or 0,
-        leading_dense_layers=_int(c, "first_k_dense_replace", default=0) or 0,
-        nextn_layers=_int(c, "num_nextn_predict_layers", default=0) or 0,
+        n_expert=n_expert,
+        # a dense config may still carry num_experts_per_tok: it means nothing without experts
+        n_expert_used=(count("n_expert_used", MAX_EXPERTS_USED, "experts") or 0) if n_expert else 0,
+        n_expert_shared=count("n_expert_shared", MAX_EXPERTS, "experts") or 0,
+        leading_dense_layers=count("leading_dense_layers", MAX_LAYERS, "layers") or 0,
+        nextn_layers=count("nextn_layers", MAX_LAYERS, "layers") or 0,
         ssm=_hf_ssm(c, n_embd),
         recurrent_layers=layers.recurrent,
         causal=True,
@@ -336,3 +429,10 @@ def meta_from_hf(
         dtypes=stats.dtypes,
         warnings=layers.warnings,
     )
+
+    def key(field: str) -> str:
+        keys = _HF_KEYS.get(field, (field,))
+        return next((k for k in keys if k in c), keys[0])
+
+    check_relations(meta, key, needs_experts_used=False)
+    return meta

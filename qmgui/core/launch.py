@@ -10,13 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qmgui.core.errors import SizingError
-from qmgui.core.meta import ModelMeta
+from qmgui.core.meta import MAX_CONTEXT, ModelMeta
 
 # llama-server defaults (b9xxx-b11xxx): `--help` of the test engine
 DEFAULT_BATCH = 2048  # -b
 DEFAULT_UBATCH = 512  # -ub
 AUTO_PARALLEL = 4  # -np -1 (auto) gives 4 slots with a unified KV cache
 CTX_PAD = 256  # n_ctx and per-sequence context are padded to this many cells
+MAX_SEQ = 256  # LLAMA_MAX_SEQ: the most sequences (slots) one llama.cpp context holds
 
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 # bytes per block and elements per block of each KV cache type (ggml type traits)
@@ -108,6 +109,20 @@ def _check_cache_types(meta: ModelMeta, s: LaunchSettings, fa: bool) -> None:
                 )
 
 
+def _check_counts(s: LaunchSettings) -> None:
+    """The ranges llama-server takes; SizingError with the range otherwise (settings reach
+    here from the window and stored overrides as well as from the command line)."""
+    if s.ctx_size is not None and not 0 <= s.ctx_size <= MAX_CONTEXT:
+        raise SizingError(
+            f"context size {s.ctx_size}: give 1 to {MAX_CONTEXT:,} tokens (0: the trained one)"
+        )
+    if s.parallel is not None and s.parallel > MAX_SEQ:
+        raise SizingError(f"{s.parallel} slots: llama.cpp holds 1 to {MAX_SEQ} (-1: auto)")
+    for what, n in (("batch", s.batch_size), ("micro-batch", s.ubatch_size)):
+        if not 1 <= n <= MAX_CONTEXT:
+            raise SizingError(f"{what} size {n}: give 1 to {MAX_CONTEXT:,} tokens")
+
+
 def resolve(
     meta: ModelMeta, s: LaunchSettings, *, flash_attn_auto: bool = True, embeddings: bool = False
 ) -> Resolved:
@@ -118,6 +133,7 @@ def resolve(
     """
     if s.flash_attn not in ("on", "off", "auto"):
         raise SizingError(f"flash attention must be on, off or auto, not {s.flash_attn!r}")
+    _check_counts(s)
     fa = s.flash_attn == "on" or (s.flash_attn == "auto" and flash_attn_auto)
     # a quantized V with "auto" turns flash attention on rather than failing
     if s.flash_attn == "auto" and s.cache_type_v not in ("f32", "f16", "bf16"):

@@ -9,13 +9,76 @@ is missing and no default is known the field is None, never a guess.
 from __future__ import annotations
 
 import enum
+import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gguf import LlamaFileType
 
+from qmgui.core.errors import ModelReadError
 from qmgui.core.gguf_header import ArrayInfo, GGUFHeader, MetaValue, TensorInfo
+from qmgui.core.textsafe import printable
+
+# --- plausibility limits ---------------------------------------------------------------------
+# What a header (or config.json) may claim. Each count below sizes a loop, a per-layer tuple or
+# a graph the sizing code builds, so each is checked before use; the limits sit far above any
+# real model, and a value past one is a broken or hostile file: that file's row error, a
+# sentence naming the key and the value (ModelReadError), never an exception from deeper down.
+# llama.cpp's LLAMA_MAX_LAYERS (it loads no more); the deepest real models have ~130 layers
+MAX_LAYERS = 512
+MAX_EMBD = 1 << 20  # embedding width: 64x the widest real model (Llama 3.1 405B: 16,384)
+MAX_WIDTH = 1 << 22  # feed-forward, SSM inner size, LoRA ranks: 80x the widest (405B: 53,248)
+MAX_HEAD_DIM = 1 << 16  # values per K/V head: the largest real one is 576 (MLA 512 + 64 rope)
+MAX_EXPERTS = 4096  # 8x llama.cpp's LLAMA_MAX_EXPERTS (512); Kimi K2 has 384
+# experts used per token: each is a view per MoE layer in the replayed graph; real models use
+# 1 to 16 (Qwen3-Next: 10 of 512)
+MAX_EXPERTS_USED = 256
+MAX_CONTEXT = 1 << 28  # tokens: 25x the longest trained context (Llama 4 Scout: 10,485,760)
+MAX_VOCAB = 1 << 22  # 16x the largest vocabulary (Gemma 3: 262,208)
+MAX_SMALL = 1024  # conv kernels, token-shift counts, short-conv caches (real ones: 2 to 4)
+MAX_NAME_LEN = 256  # a model's display name is cut here (general.name may hold 16 MiB)
+_ARCH_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")  # "llama", "nemotron_h_moe"
+
+
+class ImplausibleValue(Exception):
+    """A metadata value no real model has (the sentence names the key and the value). Raised
+    inside the readers only; `meta_from_gguf` and `meta_from_hf` turn it into a
+    ModelReadError naming the file."""
+
+
+def shown(v: object) -> str:
+    """A metadata value as a short, printable phrase for an error sentence."""
+    if isinstance(v, str):
+        cut = printable(v[:40])
+        return f'"{cut}..." ({len(v):,} characters)' if len(v) > 40 else f'"{cut}"'
+    if isinstance(v, ArrayInfo):
+        return f"an array of {v.count:,} values"
+    if isinstance(v, (tuple, list)):
+        head = ", ".join(shown(x) for x in v[:4])
+        return f"[{head}, ...] ({len(v):,} values)" if len(v) > 4 else f"[{head}]"
+    if isinstance(v, dict):
+        return f"an object of {len(v):,} keys"
+    text = repr(v)
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text):,} digits)"
+
+
+def checked_count(key: str, v: object, hi: int, unit: str) -> int:
+    """`v` as a whole number from 0 to `hi`; ImplausibleValue naming `key` and `v` otherwise
+    (negative, too large, fractional, infinite, NaN, text or an array where a number goes)."""
+    if isinstance(v, bool):
+        n = int(v)
+    elif isinstance(v, int):
+        n = v
+    elif isinstance(v, float) and math.isfinite(v) and v.is_integer():
+        n = int(v)
+    elif isinstance(v, float):
+        raise ImplausibleValue(f"{key} is {shown(v)}; a number of {unit} is a whole number")
+    else:
+        raise ImplausibleValue(f"{key} is {shown(v)}; expected a number of {unit}")
+    if not 0 <= n <= hi:
+        raise ImplausibleValue(f"{key} is {shown(n)}, outside 0 to {hi:,} {unit}")
+    return n
 
 
 class ModelClass(str, enum.Enum):
@@ -138,6 +201,58 @@ class ModelMeta:
         return any(self.recurrent_layers)
 
 
+def check_relations(
+    meta: ModelMeta, key: Callable[[str], str], *, needs_experts_used: bool = True
+) -> None:
+    """Contradictions between the counts of one model (more KV heads than heads, experts used
+    out of none, more heads than the embedding is wide...). `key(field)` names a ModelMeta
+    field as the file spells it. `needs_experts_used`: a mixture of experts must say how many
+    it uses (llama.cpp asserts it; config.json spells it too many ways to require). Raises
+    ImplausibleValue."""
+    _check_heads(meta, key)
+    if meta.n_expert_used > meta.n_expert:
+        raise ImplausibleValue(
+            f"{key('n_expert_used')} is {meta.n_expert_used} but {key('n_expert')} is "
+            f"{meta.n_expert}: more experts used per token than the model has"
+        )
+    if needs_experts_used and meta.n_expert and not meta.n_expert_used:
+        raise ImplausibleValue(
+            f"{key('n_expert_used')} is 0 with {meta.n_expert} experts ({key('n_expert')}): "
+            "a mixture of experts uses at least one per token"
+        )
+    for name in ("leading_dense_layers", "nextn_layers", "shared_kv_layers"):
+        n = getattr(meta, name)
+        if n > meta.n_layer:
+            raise ImplausibleValue(
+                f"{key(name)} is {n} but {key('n_layer')} is {meta.n_layer}: more than the "
+                "model's layers"
+            )
+
+
+def _check_heads(meta: ModelMeta, key: Callable[[str], str]) -> None:
+    seen: set[tuple[int, int]] = set()
+    for il, (h, kv) in enumerate(zip(meta.n_head, meta.n_head_kv, strict=False)):
+        if (h, kv) in seen:
+            continue
+        seen.add((h, kv))
+        where = f" (layer {il})" if len(set(meta.n_head) | set(meta.n_head_kv)) > 2 else ""
+        if meta.n_embd and h > meta.n_embd:
+            raise ImplausibleValue(
+                f"{key('n_head')} is {h}{where} but {key('n_embd')} is {meta.n_embd}: more "
+                "attention heads than the embedding has values"
+            )
+        if kv > h:
+            raise ImplausibleValue(
+                f"{key('n_head_kv')} is {kv}{where} but {key('n_head')} is {h}: more KV "
+                "heads than attention heads"
+            )
+        if kv and h % kv:
+            raise ImplausibleValue(
+                f"{key('n_head')} is {h}{where}, not a multiple of {key('n_head_kv')} {kv}: "
+                "each KV head serves a whole group of attention heads"
+            )
+
+
 # --- GGUF ------------------------------------------------------------------------------------
 
 EMBEDDING_ARCHS = frozenset(
@@ -224,43 +339,58 @@ SWA_RULES: dict[str, tuple[int, bool, int | None]] = {
     "deepseek4": (0, False, None),
 }
 
-_BLK = re.compile(r"^blk\.(\d+)\.")
+# ASCII digits, at most 9: "blk.<5,000 digits>." is no layer (and int() would refuse it)
+_BLK = re.compile(r"^blk\.([0-9]{1,9})\.")
 _SPLIT_SUFFIX = re.compile(r"-\d{5}-of-\d{5}$")
 
 
 class _Keys:
-    """Typed access to `{arch}.*` keys of one header."""
+    """Typed, checked access to `{arch}.*` keys of one header: every count is a whole number
+    within its limit before anything is sized by it (ImplausibleValue otherwise)."""
 
     def __init__(self, md: Mapping[str, MetaValue], arch: str) -> None:
         self.md = md
         self.arch = arch
 
+    def name(self, key: str) -> str:
+        return f"{self.arch}.{key}"
+
     def raw(self, key: str) -> MetaValue | None:
         return self.md.get(f"{self.arch}.{key}")
 
-    def get_int(self, key: str, default: int | None = None) -> int | None:
+    def get_int(self, key: str, default: int | None = None, *, hi: int, unit: str) -> int | None:
+        """A count; an array of counts gives its largest element."""
         v = self.raw(key)
-        if isinstance(v, bool):
-            return int(v)
-        if isinstance(v, int):
-            return v
-        if isinstance(v, float) and v.is_integer():
-            return int(v)
-        if isinstance(v, tuple) and v and all(isinstance(x, int) for x in v):
-            return max(v)  # type: ignore[type-var,return-value]
-        return default
+        if v is None:
+            return default
+        if isinstance(v, tuple):
+            if not v:
+                return default
+            return max(self.element(key, i, x, hi, unit) for i, x in enumerate(v))
+        return checked_count(self.name(key), v, hi, unit)
 
-    def per_layer(self, key: str, n_layer: int, default: int = 0) -> tuple[int, ...]:
-        """A scalar repeated per layer, or a per-layer array read element by element."""
+    def element(self, key: str, i: int, x: object, hi: int, unit: str) -> int:
+        return checked_count(f"{self.name(key)}[{i}]", x, hi, unit)
+
+    def per_layer(
+        self, key: str, n_layer: int, default: int = 0, *, hi: int, unit: str
+    ) -> tuple[int, ...]:
+        """A scalar repeated per layer, or a per-layer array read element by element (a short
+        array repeats its last element; `n_layer` is already bounded by MAX_LAYERS)."""
         v = self.raw(key)
-        if isinstance(v, tuple) and all(isinstance(x, (int, float)) for x in v):
-            vals = tuple(int(x) for x in v)  # type: ignore[arg-type]
+        if v is None:
+            return (default,) * n_layer
+        if isinstance(v, tuple):
+            if len(v) > MAX_LAYERS:
+                raise ImplausibleValue(
+                    f"{self.name(key)} is {shown(v)}: more values than a model has layers "
+                    f"(at most {MAX_LAYERS})"
+                )
+            vals = tuple(self.element(key, i, x, hi, unit) for i, x in enumerate(v))
             if len(vals) >= n_layer:
                 return vals[:n_layer]
             return vals + (vals[-1] if vals else default,) * (n_layer - len(vals))
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return (int(v),) * n_layer
-        return (default,) * n_layer
+        return (checked_count(self.name(key), v, hi, unit),) * n_layer
 
 
 def _str(md: Mapping[str, MetaValue], key: str) -> str | None:
@@ -271,7 +401,7 @@ def _str(md: Mapping[str, MetaValue], key: str) -> str | None:
 def gguf_display_name(header: GGUFHeader, fallback: str) -> str:
     name = _str(header.metadata, "general.name")
     if name:
-        return name
+        return name if len(name) <= MAX_NAME_LEN else name[: MAX_NAME_LEN - 3] + "..."
     return _SPLIT_SUFFIX.sub("", fallback)
 
 
@@ -303,7 +433,9 @@ def _layer_bytes(tensors: Sequence[TensorInfo], n_layer: int) -> tuple[tuple[int
     return tuple(per), other
 
 
-def _swa_layers(k: _Keys, arch: str, n_layer: int, n_swa: int | None) -> tuple[bool, ...]:
+def _swa_layers(
+    k: _Keys, arch: str, n_layer: int, n_swa: int | None, kv: tuple[int, ...]
+) -> tuple[bool, ...]:
     if not n_swa:
         return (False,) * n_layer
     pattern = k.raw("attention.sliding_window_pattern")
@@ -311,13 +443,15 @@ def _swa_layers(k: _Keys, arch: str, n_layer: int, n_swa: int | None) -> tuple[b
         flags = tuple(bool(x) for x in pattern)
         return (flags + (False,) * n_layer)[:n_layer]
     if arch in ("lfm2", "lfm2moe"):
-        return tuple(h > 0 for h in k.per_layer("attention.head_count_kv", n_layer))
+        return tuple(h > 0 for h in kv)
     rule = SWA_RULES.get(arch)
     if rule is None:
         return (False,) * n_layer
     period, dense_first = rule[0], rule[1]
-    if isinstance(pattern, int) and not isinstance(pattern, bool):
-        period = pattern
+    if isinstance(pattern, (int, float)) and not isinstance(pattern, bool):
+        period = checked_count(
+            k.name("attention.sliding_window_pattern"), pattern, MAX_LAYERS, "layers"
+        )
     if period == 0:
         return (True,) * n_layer
     if dense_first:
@@ -335,7 +469,7 @@ def _recurrent_layers(
         if isinstance(arr, tuple) and arr:
             flags = tuple(bool(x) for x in arr)
             return (flags + (False,) * n_layer)[:n_layer]
-        interval = k.get_int("full_attention_interval", 4) or 4
+        interval = k.get_int("full_attention_interval", 4, hi=MAX_LAYERS, unit="layers") or 4
         return tuple((il + 1) % interval != 0 for il in range(n_layer))
     if arch in ("nemotron_h", "nemotron_h_moe"):
         # attention layers have KV heads, MLP-only layers have a feed-forward, the rest are SSM
@@ -372,15 +506,19 @@ def _classify_gguf(
 
 
 def _mla_dims(k: _Keys, arch: str, warnings: list[str]) -> MlaDims | None:
-    kv_lora = k.get_int("attention.kv_lora_rank")
+    kv_lora = k.get_int("attention.kv_lora_rank", hi=MAX_WIDTH, unit="values")
     if not kv_lora:
         return None
+
+    def head(key: str) -> int | None:
+        return k.get_int(key, hi=MAX_HEAD_DIM, unit="values per head")
+
     mla = MlaDims(
         kv_lora_rank=kv_lora,
-        q_lora_rank=k.get_int("attention.q_lora_rank"),
-        rope_dim=k.get_int("rope.dimension_count"),
-        key_length_mla=k.get_int("attention.key_length_mla"),
-        value_length_mla=k.get_int("attention.value_length_mla"),
+        q_lora_rank=k.get_int("attention.q_lora_rank", hi=MAX_WIDTH, unit="values"),
+        rope_dim=head("rope.dimension_count"),
+        key_length_mla=head("attention.key_length_mla"),
+        value_length_mla=head("attention.value_length_mla"),
     )
     if mla.key_length_mla is None and arch in MLA_ARCHS:
         warnings.append(
@@ -391,64 +529,142 @@ def _mla_dims(k: _Keys, arch: str, warnings: list[str]) -> MlaDims | None:
 
 
 def _ssm_dims(k: _Keys) -> SsmDims | None:
-    if not k.get_int("ssm.state_size"):
+    def width(key: str) -> int:
+        return k.get_int(key, 0, hi=MAX_WIDTH, unit="values") or 0
+
+    if not width("ssm.state_size"):
         return None
     return SsmDims(
-        conv_kernel=k.get_int("ssm.conv_kernel", 0) or 0,
-        inner_size=k.get_int("ssm.inner_size", 0) or 0,
-        state_size=k.get_int("ssm.state_size", 0) or 0,
-        group_count=k.get_int("ssm.group_count", 0) or 0,
-        time_step_rank=k.get_int("ssm.time_step_rank"),
+        conv_kernel=k.get_int("ssm.conv_kernel", 0, hi=MAX_SMALL, unit="values") or 0,
+        inner_size=width("ssm.inner_size"),
+        state_size=width("ssm.state_size"),
+        group_count=width("ssm.group_count"),
+        time_step_rank=k.get_int("ssm.time_step_rank", hi=MAX_WIDTH, unit="values"),
     )
 
 
 def _rwkv_dims(k: _Keys) -> RwkvDims | None:
-    if not k.get_int("wkv.head_size"):
+    head = k.get_int("wkv.head_size", 0, hi=MAX_HEAD_DIM, unit="values per head") or 0
+    if not head:
         return None
     return RwkvDims(
-        head_size=k.get_int("wkv.head_size", 0) or 0,
-        token_shift_count=k.get_int("token_shift_count", 2) or 2,
+        head_size=head,
+        token_shift_count=k.get_int("token_shift_count", 2, hi=MAX_SMALL, unit="states") or 2,
+    )
+
+
+# ModelMeta fields as GGUF keys (after "{arch}."), for error sentences
+_GGUF_KEYS = {
+    "n_layer": "block_count",
+    "n_embd": "embedding_length",
+    "n_head": "attention.head_count",
+    "n_head_kv": "attention.head_count_kv",
+    "n_expert": "expert_count",
+    "n_expert_used": "expert_used_count",
+    "leading_dense_layers": "leading_dense_block_count",
+    "nextn_layers": "nextn_predict_layers",
+    "shared_kv_layers": "attention.shared_kv_layers",
+}
+
+
+def _gguf_arch(md: Mapping[str, MetaValue]) -> str:
+    arch = md.get("general.architecture")
+    if arch is None or arch == "":
+        return "unknown"
+    if not isinstance(arch, str) or not _ARCH_NAME.fullmatch(arch):
+        raise ImplausibleValue(f"general.architecture is {shown(arch)}; not an architecture name")
+    return arch
+
+
+def _check_blocks(k: _Keys, n_layer: int, tensors: Sequence[TensorInfo]) -> None:
+    """llama.cpp loads blk.0 .. blk.{n_layer-1}: a block count beyond the tensor table's
+    blocks names layers that are not there."""
+    top = -1
+    for t in tensors:
+        m = _BLK.match(t.name)
+        if m:
+            top = max(top, int(m.group(1)))
+    if top >= 0 and n_layer > top + 1:
+        raise ImplausibleValue(
+            f"{k.name('block_count')} is {n_layer} but the tensor table holds blocks 0 to "
+            f"{top} ({top + 1} layers)"
+        )
+
+
+def _check_unknown(md: Mapping[str, MetaValue], n_tensors: int) -> None:
+    """A file with no architecture that would be listed as a chat model: llama.cpp cannot load
+    it, and nothing in it can be sized."""
+    if not md and not n_tensors:
+        raise ImplausibleValue("has no metadata keys and no tensors: an empty GGUF, not a model")
+    raise ImplausibleValue(
+        f"has no general.architecture key ({len(md)} keys, {n_tensors} tensors): not a model "
+        "llama.cpp can load"
     )
 
 
 def meta_from_gguf(
-    header: GGUFHeader, *, file_name: str, more_shards: Sequence[GGUFHeader] = ()
+    header: GGUFHeader,
+    *,
+    file_name: str,
+    more_shards: Sequence[GGUFHeader] = (),
+    partial: bool = False,
 ) -> ModelMeta:
     """Normalise one GGUF header; for a split set, `header` is the first shard's and the
-    tensor tables of `more_shards` are added to it."""
+    tensor tables of `more_shards` are added to it (`partial`: some shards are missing, so the
+    block count is not checked against the tensor table).
+
+    Every count is checked before it sizes anything (see MAX_LAYERS and the limits beside
+    it): an implausible or contradictory value raises ModelReadError naming the file, the key
+    and the value."""
+    try:
+        return _meta_from_gguf(header, file_name, more_shards, partial)
+    except ImplausibleValue as e:
+        raise ModelReadError(header.path, str(e)) from None
+
+
+def _meta_from_gguf(
+    header: GGUFHeader, file_name: str, more_shards: Sequence[GGUFHeader], partial: bool
+) -> ModelMeta:
     md = header.metadata
     headers = (header, *more_shards)
     all_tensors = [t for h in headers for t in h.tensors]
-    arch = _str(md, "general.architecture") or "unknown"
+    arch = _gguf_arch(md)
     k = _Keys(md, arch)
     warnings: list[str] = []
-    n_layer = k.get_int("block_count", 0) or 0
-    n_embd = k.get_int("embedding_length", 0) or 0
-    n_head = k.per_layer("attention.head_count", n_layer)
-    n_head_kv_raw = k.raw("attention.head_count_kv")
+    n_layer = k.get_int("block_count", 0, hi=MAX_LAYERS, unit="layers") or 0
+    if not partial:
+        _check_blocks(k, n_layer, all_tensors)
+    n_embd = k.get_int("embedding_length", 0, hi=MAX_EMBD, unit="values") or 0
+    n_head = k.per_layer("attention.head_count", n_layer, hi=MAX_EMBD, unit="heads")
     n_head_kv = (
-        k.per_layer("attention.head_count_kv", n_layer) if n_head_kv_raw is not None else n_head
+        k.per_layer("attention.head_count_kv", n_layer, hi=MAX_EMBD, unit="heads")
+        if k.raw("attention.head_count_kv") is not None
+        else n_head
     )
-    n_ff = k.per_layer("feed_forward_length", n_layer)
+    n_ff = k.per_layer("feed_forward_length", n_layer, hi=MAX_WIDTH, unit="values")
     head0 = next((h for h in n_head if h), 0)
-    head_dim_k = k.get_int("attention.key_length") or (n_embd // head0 if head0 else None)
-    head_dim_v = k.get_int("attention.value_length") or (n_embd // head0 if head0 else None)
+    head_dim_k = k.get_int("attention.key_length", hi=MAX_HEAD_DIM, unit="values per head") or (
+        n_embd // head0 if head0 else None
+    )
+    head_dim_v = k.get_int("attention.value_length", hi=MAX_HEAD_DIM, unit="values per head") or (
+        n_embd // head0 if head0 else None
+    )
 
     mla = _mla_dims(k, arch, warnings)
     ssm = _ssm_dims(k)
     rwkv = _rwkv_dims(k)
 
-    pooling_id = k.get_int("pooling_type")
-    pooling = _POOLING_BY_ID.get(pooling_id or 0, Pooling.NONE)
+    pooling_id = k.raw("pooling_type")
+    pooling = _POOLING_BY_ID.get(pooling_id if isinstance(pooling_id, int) else 0, Pooling.NONE)
     causal_raw = k.raw("attention.causal")
     causal = bool(causal_raw) if isinstance(causal_raw, bool) else arch not in EMBEDDING_ARCHS
-    n_swa = k.get_int("attention.sliding_window")
+    n_swa = k.get_int("attention.sliding_window", hi=MAX_CONTEXT, unit="tokens")
     if n_swa is None and arch in SWA_RULES:
         n_swa = SWA_RULES[arch][2]  # the engine's default window for this architecture
     n_swa = n_swa or None
 
     names = {t.name for t in all_tensors}
-    vocab = k.get_int("vocab_size")
+    vocab = k.get_int("vocab_size", hi=MAX_VOCAB, unit="tokens")
     if vocab is None:
         tokens = md.get("tokenizer.ggml.tokens")
         if isinstance(tokens, ArrayInfo):
@@ -464,8 +680,14 @@ def meta_from_gguf(
     # duplicates it as the output matrix); encoders (BERT family) have no output head at all
     model_class = _classify_gguf(header, arch, pooling, causal, name)
     if arch == "unknown":
+        if model_class == ModelClass.LLM:
+            _check_unknown(md, len(all_tensors))
         warnings.append("no general.architecture key; not a model llama.cpp can load")
-    return ModelMeta(
+
+    def count(key: str, hi: int, unit: str) -> int:
+        return k.get_int(key, 0, hi=hi, unit=unit) or 0
+
+    meta = ModelMeta(
         format="gguf",
         architecture=arch,
         name=name,
@@ -473,7 +695,7 @@ def meta_from_gguf(
         quant=gguf_quant_label(header),
         param_count=sum(t.n_elements for t in all_tensors) or None,
         weight_bytes=sum(t.nbytes for t in all_tensors),
-        context_length=k.get_int("context_length"),
+        context_length=k.get_int("context_length", hi=MAX_CONTEXT, unit="tokens"),
         n_layer=n_layer,
         n_embd=n_embd,
         n_head=n_head,
@@ -483,18 +705,18 @@ def meta_from_gguf(
         n_ff=n_ff,
         vocab_size=vocab,
         sliding_window=n_swa,
-        swa_layers=_swa_layers(k, arch, n_layer, n_swa),
+        swa_layers=_swa_layers(k, arch, n_layer, n_swa, n_head_kv),
         mla=mla,
-        n_expert=k.get_int("expert_count", 0) or 0,
-        n_expert_used=k.get_int("expert_used_count", 0) or 0,
-        n_expert_shared=k.get_int("expert_shared_count", 0) or 0,
-        leading_dense_layers=k.get_int("leading_dense_block_count", 0) or 0,
-        nextn_layers=k.get_int("nextn_predict_layers", 0) or 0,
+        n_expert=count("expert_count", MAX_EXPERTS, "experts"),
+        n_expert_used=count("expert_used_count", MAX_EXPERTS_USED, "experts"),
+        n_expert_shared=count("expert_shared_count", MAX_EXPERTS, "experts"),
+        leading_dense_layers=count("leading_dense_block_count", MAX_LAYERS, "layers"),
+        nextn_layers=count("nextn_predict_layers", MAX_LAYERS, "layers"),
         ssm=ssm,
         rwkv=rwkv,
         recurrent_layers=_recurrent_layers(k, arch, n_layer, n_head_kv, n_ff),
-        shortconv_l_cache=k.get_int("shortconv.l_cache"),
-        shared_kv_layers=k.get_int("attention.shared_kv_layers", 0) or 0,
+        shortconv_l_cache=k.get_int("shortconv.l_cache", hi=MAX_SMALL, unit="tokens"),
+        shared_kv_layers=count("attention.shared_kv_layers", MAX_LAYERS, "layers"),
         pooling=pooling,
         causal=causal,
         tied_embeddings=arch not in EMBEDDING_ARCHS
@@ -511,3 +733,5 @@ def meta_from_gguf(
         dtypes=dtypes,
         warnings=tuple(warnings),
     )
+    check_relations(meta, lambda f: k.name(_GGUF_KEYS.get(f, f)))
+    return meta

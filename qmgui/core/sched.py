@@ -53,6 +53,7 @@ from qmgui.core.compute import (
     _SYM_U,
     _SYM_V,
     _T,
+    GRAPH_FAULTS,
     _affine,
     _Arena,
     _Build,
@@ -72,6 +73,8 @@ from qmgui.core.compute import (
     _same_layout_symbolic,
     _Shape,
     _swa_cells,
+    check_graph_size,
+    graph_fault,
 )
 from qmgui.core.errors import SizingError
 from qmgui.core.launch import Resolved
@@ -91,7 +94,7 @@ HOST_ALIGNMENT = 64
 
 _VIEW_OPS = frozenset({"view", "reshape", "permute", "transpose"})
 _EMPTY = _VIEW_OPS | {"none"}
-_BLK = re.compile(r"^blk\.(\d+)\.")
+_BLK = re.compile(r"^blk\.([0-9]{1,9})\.")  # ASCII, bounded: int() never refuses it
 _EXPERTS = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch)?exps")
 _INPUT_TENSORS = frozenset({"token_embd.weight", "position_embd.weight", "token_types.weight"})
 
@@ -126,18 +129,25 @@ def sched_compute_bytes(
     Raises SizingError where `core.compute` has no layout for the architecture."""
     if meta.n_layer <= 0 or meta.n_embd <= 0:
         raise SizingError(f"{meta.name}: no layer count or embedding width in the header")
+    check_graph_size(meta)
     embd = _is_embedding(meta) if embeddings is None else embeddings
     key = (id(meta), r, offload, embd)
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is meta:
         return hit[1]
     build, margin = _layout(meta)
-    gpu, host = _peaks(meta, r, offload, build, embd)
+    try:
+        gpu, host = _peaks(meta, r, offload, build, embd)
+        gdn_on_host = meta.architecture in _GDN_ARCHS and bool(
+            offload.host_caches & _recurrent_layers(meta)
+        )
+        extra = _unfused_delta_net_bound(meta, r, embd) if gdn_on_host else 0
+    except GRAPH_FAULTS as e:
+        raise graph_fault(meta, e) from e
     if margin != 1.0:
         gpu, host = math.ceil(gpu * margin), math.ceil(host * margin)
     notes: list[str] = []
-    if meta.architecture in _GDN_ARCHS and offload.host_caches & _recurrent_layers(meta):
-        extra = _unfused_delta_net_bound(meta, r, embd)
+    if gdn_on_host:
         gpu += extra
         notes.append(
             "recurrent layers in host memory: llama.cpp turns its fused gated-delta-net kernel "
