@@ -222,3 +222,23 @@ def test_no_command_without_a_display_says_why(monkeypatch: pytest.MonkeyPatch) 
     code, _, err = run()
     assert code == 0
     assert "no display" in err and "scanning" in err
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_terminal_never_gets_escape_sequences_from_names(tmp_path: Path) -> None:
+    evil = tmp_path / "evil\x1b]0;pwned\x07\x1b[2J.gguf"
+    write_gguf(evil, PRESETS["llama"])
+    tty = _Tty()
+    code = main(["plan", str(evil), "-c", "512"], out=tty, err=io.StringIO())
+    assert code == 0
+    text = tty.getvalue()
+    assert "\x1b" not in text and "\x07" not in text
+    assert "\\x1b]0;pwned\\x07" in text
+    assert "\n" in text  # the table keeps its lines
+    piped = io.StringIO()  # not a terminal: left as it is (JSON escapes by itself)
+    main(["plan", str(evil), "-c", "512", "--json"], out=piped, err=io.StringIO())
+    assert "\x1b" not in piped.getvalue()

@@ -10,15 +10,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import io
 import logging
 import os
 import pkgutil
 import sys
 from collections.abc import Sequence
 from types import ModuleType
-from typing import TextIO
+from typing import TextIO, cast
 
 from qmgui import __version__, notify
+from qmgui.core.textsafe import terminal_text
 
 EXIT_BROKEN_PIPE = 141  # what a shell reports for a program ended by SIGPIPE (128 + 13)
 
@@ -74,10 +76,37 @@ def _is_path(word: str, parser: argparse.ArgumentParser) -> bool:
     return os.path.exists(word) or os.sep in word or word.endswith(".gguf")
 
 
+class TerminalOut(io.TextIOBase):
+    """stdout when it is a terminal: what a command prints goes through `terminal_text`, so a
+    crafted model name, path or metadata string cannot send escape sequences to the terminal.
+    Piped or redirected output (JSON, an exported config, a script) is left byte for byte."""
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__()
+        self._stream = stream
+
+    def write(self, s: str) -> int:
+        self._stream.write(terminal_text(s))
+        return len(s)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def isatty(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+
 def main(
     argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None
 ) -> int:
     out = out or sys.stdout
+    to_stdout = out is sys.stdout
+    with contextlib.suppress(AttributeError, ValueError):
+        if out.isatty() and not isinstance(out, TerminalOut):
+            out = cast(TextIO, TerminalOut(out))
     err = err or sys.stderr
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -113,7 +142,7 @@ def main(
     except BrokenPipeError:
         # the reader went away (`qmgui scan | head`): what it wanted was printed; stop quietly
         # and keep Python from complaining about the flush of the closed stdout at exit
-        if out is sys.stdout:
+        if to_stdout:
             with contextlib.suppress(OSError, ValueError):
                 devnull = os.open(os.devnull, os.O_WRONLY)
                 os.dup2(devnull, sys.stdout.fileno())

@@ -57,6 +57,17 @@ def printable(text: str) -> str:
     return _UNPRINTABLE.sub(_escape, text)
 
 
+# what terminal_text escapes: the same but line breaks and tabs, which lay a table out
+_UNPRINTABLE_IN_LINES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u0085\ud800-\udfff]")
+
+
+def terminal_text(text: str) -> str:
+    """`text` for a terminal: lines and tabs kept, every other control character (ESC
+    sequences that move the cursor or retitle the window, a carriage return that overwrites
+    the line) and undecodable bytes written as visible escapes."""
+    return _UNPRINTABLE_IN_LINES.sub(_escape, text)
+
+
 def has_control(text: str) -> bool:
     return _CONTROL.search(text) is not None
 
