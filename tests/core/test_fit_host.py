@@ -9,15 +9,15 @@ from qmgui.core.launch import LaunchSettings
 from qmgui.core.units import GIB
 from tests.core.test_footprint import make_meta
 
-HUGE_CTX = 1 << 30
+HUGE_CTX = 1 << 27  # 134M tokens: within the contexts qmgui plans (2^28)
 
 
 def test_a_cpu_plan_over_ram_does_not_fit() -> None:
     m = make_meta(context_length=HUGE_CTX)
     s = LaunchSettings(parallel=1, ctx_size=HUGE_CTX)
-    r = check(m, s, Budget(host_bytes=24 * GIB))
+    r = check(m, s, Budget(host_bytes=2 * GIB))
     cpu = r.footprint.device(CPU)
-    assert cpu.kv > 24 * GIB  # the KV cache alone is far past RAM
+    assert cpu.kv > 2 * GIB  # the KV cache alone is far past RAM
     assert not r.fits
     assert r.reason is not None and "host memory" in r.reason and "resident" in r.reason
 

