@@ -46,6 +46,7 @@ from qmgui.core.discovery import ModelEntry, ScanResult
 from qmgui.core.fit import FitResult
 from qmgui.core.launch import LaunchSettings
 from qmgui.core.units import MIB
+from qmgui.roots import plan_add
 from qmgui.settings import (
     LoadResult,
     ModelOverride,
@@ -73,6 +74,7 @@ from qmgui.ui.planning import (
     plan_model,
 )
 from qmgui.ui.preview_pane import PreviewPane
+from qmgui.ui.roots_dialog import RootsDialog
 from qmgui.ui.run_sets_menu import ModelActions, RunSetsMenu
 from qmgui.ui.settings_watch import SettingsWatch
 from qmgui.ui.tray import CloseDecision, QuitChoice, RunnerEngines, Tray, app_icon
@@ -291,6 +293,9 @@ class MainWindow(QMainWindow):
         self.add_action = QAction("Add folder…", self)
         self.add_action.setShortcut(QKeySequence.StandardKey.Open)
         self.add_action.setToolTip("Add a folder of models (Ctrl+O)")
+        self.roots_action = QAction("Model folders…", self)
+        self.roots_action.setShortcut(QKeySequence("Ctrl+Shift+O"))
+        self.roots_action.setToolTip("The folders scanned for models: add, remove (Ctrl+Shift+O)")
         self.rescan_action = QAction("Rescan", self)
         self.rescan_action.setShortcut(QKeySequence(Qt.Key.Key_F5))
         self.rescan_action.setToolTip("Look for models again (F5)")
@@ -304,6 +309,7 @@ class MainWindow(QMainWindow):
         self.quit_action.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut)
         self.addAction(self.quit_action)
         bar.addAction(self.add_action)
+        bar.addAction(self.roots_action)
         bar.addAction(self.rescan_action)
         bar.addAction(self.backends_action)
         self._build_fleet_actions(bar)
@@ -367,6 +373,7 @@ class MainWindow(QMainWindow):
         self._message.connect(self._show_message, Qt.ConnectionType.QueuedConnection)
 
         self.add_action.triggered.connect(self.choose_folder)
+        self.roots_action.triggered.connect(self.open_roots)
         self.empty.addFolderRequested.connect(self.choose_folder)
         self.empty.useFoldersRequested.connect(self.add_roots)
         self.offerer.finished.connect(self.empty.set_offer)
@@ -574,10 +581,18 @@ class MainWindow(QMainWindow):
         """Add folders or .gguf files as model roots (saved), then rescan."""
         if not paths:
             return
+        # a folder inside a root is scanned already: not added twice; a parent replaces roots
+        current = self._roots_override
+        addition = plan_add(self.settings.model_roots if current is None else current, paths)
+        for message in addition.messages():
+            notify.info(message, source=SOURCE)
+        paths = addition.added
+        if not paths:
+            return
         if self._roots_override is not None:
-            self._roots_override += [p for p in paths if p not in self._roots_override]
+            self._roots_override = addition.roots
         else:
-            roots = [*self.settings.model_roots, *paths]
+            roots = addition.roots
             self._store(self.settings.model_copy(update={"model_roots": roots}))
             # the settings validator normalises, so read it back through a round trip
             self._loaded = replace(
@@ -586,6 +601,28 @@ class MainWindow(QMainWindow):
         names = ", ".join(os.path.basename(p.rstrip(os.sep)) or p for p in paths)
         notify.info(f"added {names}; scanning", source=SOURCE)
         self.rescan()
+
+    def set_model_roots(self, roots: Sequence[str]) -> None:
+        """Replace the configured model roots (the Model folders dialog): saved, rescanned."""
+        before = self.roots()
+        normalised = Settings(model_roots=list(roots)).model_roots
+        self._store(self.settings.model_copy(update={"model_roots": normalised}))
+        if self.roots() != before:
+            self.rescan()
+
+    def open_roots(self) -> RootsDialog:
+        """The Model folders dialog: the roots with Add, Remove and Undo."""
+        dialog = RootsDialog(
+            self,
+            roots=lambda: list(self.settings.model_roots),
+            add=self.add_roots,
+            save=self.set_model_roots,
+        )
+        if self.settings_watch is not None:  # another qmgui changed them: show it
+            self.settings_watch.changed.connect(dialog.refresh)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.open()
+        return dialog
 
     def choose_folder(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Add a folder of models")
