@@ -130,10 +130,11 @@ def test_plan_that_does_not_fit(models: Path) -> None:
         "0",
         "--json",
     )
-    assert code == 0
+    assert code == 1  # does not fit
     plan = json.loads(out)
     assert plan["fits"] is False
     assert "GPU0" in plan["reason"]
+    assert plan["nearest"] is None  # not even every layer on the CPU fits a 1 MiB card
 
 
 def test_plan_table_and_errors(models: Path, tmp_path: Path) -> None:
@@ -152,7 +153,8 @@ def test_plan_table_and_errors(models: Path, tmp_path: Path) -> None:
     assert "flash attention" in err
     code, _, err = run("plan", str(tmp_path / "missing.gguf"))
     assert code == 2
-    assert "vanished" in err or "not" in err
+    assert "not found" in err
+    assert "vanished" not in err
 
 
 def test_plan_hf_folder_for_vllm(tmp_path: Path) -> None:

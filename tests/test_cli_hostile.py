@@ -108,5 +108,5 @@ def test_out_of_range_flags_are_refused_with_the_range(
     assert out == ""
     # the edge of the range is taken (`plan`: a context of 1 plans 256 cells, never 0)
     code, out, err = run("plan", str(tree / "good.gguf"), "--json", *edge)
-    assert code == 0, (edge, err)
+    assert code in (0, 1), (edge, err)  # taken: it fits, or not on this machine (exit 1)
     assert json.loads(out)["settings"]["n_ctx"] >= 256

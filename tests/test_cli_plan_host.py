@@ -21,7 +21,7 @@ def test_cpu_plan_over_host_memory_does_not_fit(tmp_path: Path) -> None:
         "plan", str(_model(tmp_path)), "-c", "4096", "--host-memory", "1MiB", "--json"
     )
     plan = json.loads(out)
-    assert code == 0
+    assert code == 1  # does not fit
     assert plan["fits"] is False
     assert "host memory" in plan["reason"]
 
@@ -39,7 +39,7 @@ def test_default_is_this_machines_ram(tmp_path: Path, monkeypatch) -> None:  # t
 
     monkeypatch.setattr(plan_mod, "read_ram", lambda: (2048, 1024))
     code, out, _ = run("plan", str(_model(tmp_path)), "-c", "4096", "--json")
-    assert code == 0
+    assert code == 1
     assert json.loads(out)["fits"] is False
     monkeypatch.setattr(plan_mod, "read_ram", lambda: (64 << 30, 32 << 30))
     code, out, _ = run("plan", str(_model(tmp_path)), "-c", "4096", "--json")

@@ -37,11 +37,13 @@ STOP_SIGNALS = tuple(
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "engines",
-        help="list, stop or adopt the engines qmgui started that still run",
+        help="list (the default), stop or adopt the engines qmgui started that still run",
         description="Engines qmgui started that still run: in this or another qmgui, or left "
         "running by one that is gone.",
     )
-    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
+    # `qmgui engines` alone lists them, as `qmgui engines list` does
+    p.set_defaults(func=cmd_list, json=False)
+    verbs = p.add_subparsers(dest="verb", metavar="VERB")
     ls = verbs.add_parser("list", help="list them")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_list)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from dataclasses import replace
 from typing import Any, TextIO
 
 from qmgui import notify
 from qmgui.core.discovery import ModelEntry, entry_for_path
 from qmgui.core.errors import SizingError
-from qmgui.core.fit import Budget, FitResult, check
+from qmgui.core.fit import Budget, FitResult, check, max_context, offload_for_context
 from qmgui.core.footprint import Gpu
 from qmgui.core.launch import (
     CACHE_TYPES,
@@ -20,15 +21,16 @@ from qmgui.core.launch import (
     MAX_SEQ,
     LaunchSettings,
 )
-from qmgui.core.meta import MAX_CONTEXT
+from qmgui.core.meta import MAX_CONTEXT, ModelClass, ModelMeta
 from qmgui.core.units import format_bytes, parse_size
 from qmgui.core.vllm import VllmPins, plan_vllm
 from qmgui.hw.host import read_ram
 from qmgui.hw.nvml import read_gpus
 from qmgui.hw.profiles import lookup
 
-EXIT_OK = 0
-EXIT_USAGE = 2
+EXIT_OK = 0  # the launch fits
+EXIT_NO_FIT = 1  # it does not fit (the nearest setting that fits is printed, when one does)
+EXIT_USAGE = 2  # a usage error, or a model that cannot be planned (missing, broken, a projector)
 
 
 def register(sub: Any) -> None:
@@ -39,6 +41,9 @@ def register(sub: Any) -> None:
         "settings (flag names as llama-server spells them). --gpu SIZE plans for a card that "
         "need not exist; with no --gpu the NVIDIA GPUs present are used, and with none the "
         "plan is CPU-only.",
+        epilog="exit status: 0 the launch fits; 1 it does not fit (the nearest setting that "
+        'fits is printed, and is the "nearest" object of --json); 2 a usage error or a model '
+        "that cannot be planned (missing, broken, incomplete, a vision projector)",
     )
     p.add_argument("model", metavar="MODEL", help="a .gguf file (any shard of a split set)")
     add_plan_flags(p)
@@ -319,7 +324,10 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     entry = entry_for_path(args.model)
     if entry.meta is None or entry.error:
         notify.error(f"{args.model}: {entry.error or 'not a model'}", source="plan")
-        return EXIT_USAGE if entry.meta is None else EXIT_OK
+        return EXIT_USAGE
+    if entry.model_class == ModelClass.PROJECTOR:
+        notify.error(projector_sentence(args.model), source="plan")
+        return EXIT_USAGE
     engine = args.engine or ("llama" if entry.format == "gguf" else "vllm")
     if engine == "vllm":
         return _cmd_plan_vllm(entry, gpus, args, out)
@@ -333,15 +341,95 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     try:
         budget = Budget(gpus=gpus, gpu_reserve=reserve, host_bytes=host)
         result = check(entry.meta, settings, budget)
+        near = None if result.fits else nearest_fit(entry.meta, settings, budget)
     except SizingError as e:
         notify.error(str(e), source="plan")
         return EXIT_USAGE
+    near_json = _nearest_json(result, near)
     if args.json:
-        json.dump(_plan_json(result), out, indent=2)
+        json.dump({**_plan_json(result), "nearest": near_json}, out, indent=2)
         out.write("\n")
     else:
         _print_plan(entry, result, out)
-    return EXIT_OK
+        if not result.fits:
+            print(_nearest_line(near_json), file=out)
+    return EXIT_OK if result.fits else EXIT_NO_FIT
+
+
+def _nearest_line(near: dict[str, Any] | None) -> str:
+    if near is None:
+        return "nearest fit: none (not even the smallest context with every layer on the CPU fits)"
+    return f"nearest fit: {' '.join(near['args'])}  ({near['summary']})"
+
+
+def projector_sentence(path: str) -> str:
+    """Why a vision projector (mmproj) is not planned as a model, naming the models of its
+    folder it belongs with (as a scan pairs them), if any."""
+    owners = projector_owners(path)
+    if owners:
+        names = ", ".join(owners[:3]) + (f" and {len(owners) - 3} more" if len(owners) > 3 else "")
+        belongs = f"it belongs with {names}: plan that model (its projector is added to it)"
+    else:
+        belongs = "plan the language model it belongs with (no model beside it uses it)"
+    return f"{path}: a vision projector (mmproj), not a model of its own; {belongs}"
+
+
+def projector_owners(path: str, most: int = 32) -> list[str]:
+    """The models beside the projector `path` that a scan pairs it with."""
+    folder = os.path.dirname(path) or "."
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    target = os.path.realpath(path)
+    owners: list[str] = []
+    models = [n for n in names if n.lower().endswith(".gguf") and "mmproj" not in n.lower()]
+    for name in models[:most]:  # headers only, but a folder of hundreds is not read whole
+        entry = entry_for_path(os.path.join(folder, name))
+        if entry.mmproj and os.path.realpath(entry.mmproj) == target and entry.path.endswith(name):
+            owners.append(entry.name)
+    return owners
+
+
+def nearest_fit(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> LaunchSettings | None:
+    """The settings closest to `settings` that fit (as the window's "Nearest fit"): fewer
+    layers on the GPU (or MoE experts on the CPU) for this context, else the largest context
+    with these layers; None when nothing does."""
+    offload = offload_for_context(meta, settings, budget)
+    if offload.fits and offload.nearest is not None:
+        return offload.nearest
+    shorter = max_context(meta, settings, budget)
+    if shorter.fits:
+        return shorter.settings
+    return shorter.nearest
+
+
+def _nearest_json(result: FitResult, near: LaunchSettings | None) -> dict[str, Any] | None:
+    """What the nearest setting changes, as llama-server flags and resolved numbers."""
+    if near is None:
+        return None
+    asked = result.footprint.settings  # the request as the engine resolves it
+    args: list[str] = []
+    changes: list[str] = []
+    if near.ctx_size is not None and near.ctx_size != asked.n_ctx:
+        args += ["-c", str(near.ctx_size)]
+        changes.append(f"context {near.ctx_size:,} instead of {asked.n_ctx:,}")
+    if near.n_gpu_layers is not None and near.n_gpu_layers != result.footprint.n_gpu_layers:
+        args += ["-ngl", str(near.n_gpu_layers)]
+        changes.append(f"{near.n_gpu_layers} GPU layers instead of {result.footprint.n_gpu_layers}")
+    if near.n_cpu_moe != result.settings.n_cpu_moe:
+        args += ["-ncmoe", str(near.n_cpu_moe)]
+        layers = "layer" if near.n_cpu_moe == 1 else "layers"
+        changes.append(f"experts of {near.n_cpu_moe} {layers} on the CPU")
+    return {
+        "ctx_size": near.ctx_size if near.ctx_size is not None else asked.n_ctx,
+        "n_gpu_layers": (
+            near.n_gpu_layers if near.n_gpu_layers is not None else result.footprint.n_gpu_layers
+        ),
+        "n_cpu_moe": near.n_cpu_moe,
+        "args": args,
+        "summary": ", ".join(changes) or "the same settings",
+    }
 
 
 def _plan_json(result: FitResult) -> dict[str, object]:
@@ -444,16 +532,17 @@ def _cmd_plan_vllm(
                 "reason": plan.reason,
                 "skipped": plan.skipped,
                 "notes": list(plan.notes),
+                "nearest": None,  # vLLM chooses its own context and memory share
             },
             out,
             indent=2,
         )
         out.write("\n")
-        return EXIT_OK
+        return _vllm_status(plan.skipped, plan.fits)
     print(f"{entry.name}  (vLLM, {entry.meta.architecture})", file=out)
     if plan.skipped:
         print(f"skipped: {plan.reason}", file=out)
-        return EXIT_OK
+        return _vllm_status(plan.skipped, plan.fits)
     print(
         f"max-model-len {plan.max_model_len}, gpu-memory-utilization "
         f"{plan.gpu_memory_utilization}, charge {format_bytes(plan.charge_bytes)} per GPU",
@@ -463,4 +552,11 @@ def _cmd_plan_vllm(
     print("fits" if plan.fits else f"does not fit: {plan.reason}", file=out)
     for note in plan.notes:
         print(f"note: {note}", file=out)
-    return EXIT_OK
+    return _vllm_status(plan.skipped, plan.fits)
+
+
+def _vllm_status(skipped: bool, fits: bool) -> int:
+    """vLLM cannot serve the model at all: as a model that cannot be planned (2)."""
+    if skipped:
+        return EXIT_USAGE
+    return EXIT_OK if fits else EXIT_NO_FIT

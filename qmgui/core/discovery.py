@@ -651,6 +651,17 @@ def entry_for_path(path: str | os.PathLike[str], *, cache: HeaderCache | None = 
     """The model a single path names: a .gguf file (any shard of a split set, whose siblings
     are found beside it, with its mmproj) or a Hugging Face folder. Errors are on the entry."""
     p = os.fspath(path)
+    if not os.path.lexists(p):
+        return ModelEntry(
+            id=p,
+            path=p,
+            name=os.path.basename(p) or p,
+            format="hf" if p.endswith(("/", os.sep)) else "gguf",
+            source="folder",
+            size_bytes=0,
+            error="not found: no file or folder at this path; check it, or run `qmgui scan` "
+            "to list the models qmgui finds",
+        )
     if os.path.isdir(p):
         found = _Found()
         _Walker(found, lambda: False).visit(p, MAX_DEPTH, _source_of(p))
