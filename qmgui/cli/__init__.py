@@ -27,7 +27,7 @@ EXIT_BROKEN_PIPE = 141  # what a shell reports for a program ended by SIGPIPE (1
 EXIT_OK = 0
 EXIT_USAGE = 2
 # the order commands are listed in `qmgui --help`; modules not named here follow, sorted
-ORDER = ("scan", "plan", "place", "preview", "serve", "export", "backends", "doctor")
+ORDER = ("scan", "roots", "plan", "place", "preview", "serve", "export", "backends", "doctor")
 
 
 WINDOW_HELP = """\
@@ -42,16 +42,27 @@ the window:
 """
 
 
-def _command_modules() -> list[ModuleType]:
-    """Every module of this package with a `register(subparsers)`: adding a command is adding
-    a module."""
+def _command_names() -> list[str]:
+    """The modules of this package, in `qmgui --help` order (a command is a module with a
+    `register(subparsers)`)."""
     names = [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")]
     names.sort(key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
-    modules = [importlib.import_module(f"{__name__}.{n}") for n in names]
+    return names
+
+
+def _command_modules(only: str | None = None) -> list[ModuleType]:
+    """Every module of this package with a `register(subparsers)`: adding a command is adding
+    a module. With `only` (a command's name), just its module: `qmgui plan ...` imports the
+    plan command and what it needs, not every command's (settings, engines, exporters)."""
+    if only is not None:
+        module = importlib.import_module(f"{__name__}.{only}")
+        if hasattr(module, "register"):
+            return [module]
+    modules = [importlib.import_module(f"{__name__}.{n}") for n in _command_names()]
     return [m for m in modules if hasattr(m, "register")]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="qmgui",
         description="Find local AI models and size their launches per GPU.",
@@ -60,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"qmgui {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for module in _command_modules():
+    for module in _command_modules(only):
         module.register(sub)
     return p
 
@@ -108,8 +119,9 @@ def main(
         if out.isatty() and not isinstance(out, TerminalOut):
             out = cast(TextIO, TerminalOut(out))
     err = err or sys.stderr
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    # a command named first: only its module is imported, so `qmgui plan` starts fast
+    parser = build_parser(argv[0] if argv and argv[0] in _command_names() else None)
     if argv and not argv[0].startswith("-") and _is_path(argv[0], parser):
         argv = ["scan", *argv]  # `qmgui ~/models`: what a user means is a scan of it
     try:

@@ -20,17 +20,16 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gguf import GGML_QUANT_SIZES
-
 from qmgui.core.compute import compute_buffer_bytes
 from qmgui.core.errors import SizingError
+from qmgui.core.gguf_tables import GGML_SIZES_BY_NAME
 from qmgui.core.launch import LaunchSettings, Resolved, pad, resolve, row_bytes
 from qmgui.core.meta import ModelMeta, Pooling, TensorEntry
 from qmgui.core.sched import Offload, sched_compute_bytes
 from qmgui.core.units import MIB, format_bytes
 
-# ggml type name -> (elements per block, bytes per block), from the gguf package's table
-QUANT_BLOCKS: dict[str, tuple[int, int]] = {t.name: v for t, v in GGML_QUANT_SIZES.items()}
+# ggml type name -> (elements per block, bytes per block), from qmgui's copy of gguf's table
+QUANT_BLOCKS: dict[str, tuple[int, int]] = GGML_SIZES_BY_NAME
 
 CPU = "CPU"
 # tensors of llama.cpp's input layer (LLM_TENSOR_LAYER_INPUT): always on the CPU

@@ -19,9 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple, Union
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
-
 from qmgui.core.errors import ModelReadError
+from qmgui.core.gguf_tables import GGML_TYPE_NAMES, GGML_TYPE_SIZES, GGUFValueType
 from qmgui.core.safeio import open_regular
 
 GGUF_MAGIC = b"GGUF"
@@ -63,7 +62,7 @@ _SCALARS: dict[int, tuple[str, int]] = {
 _SCALAR_STRUCTS = {t: struct.Struct("<" + fmt) for t, (fmt, _) in _SCALARS.items()}
 _STRING = int(GGUFValueType.STRING)
 # ggml type id -> (block size in elements, bytes per block)
-_TYPE_SIZES: dict[int, tuple[int, int]] = {int(t): v for t, v in GGML_QUANT_SIZES.items()}
+_TYPE_SIZES: dict[int, tuple[int, int]] = GGML_TYPE_SIZES
 _DIMS = {n: "<" + "Q" * n for n in range(1, GGML_MAX_DIMS + 1)}
 _ARRAY = int(GGUFValueType.ARRAY)
 
@@ -119,7 +118,7 @@ class GGUFHeader:
         return self.metadata.get(key, default)
 
 
-_TYPE_NAMES: dict[int, str] = {int(t): t.name for t in GGMLQuantizationType}
+_TYPE_NAMES: dict[int, str] = GGML_TYPE_NAMES
 
 
 def ggml_type_name(ggml_type: int) -> str:

@@ -14,10 +14,9 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gguf import LlamaFileType
-
 from qmgui.core.errors import ModelReadError
 from qmgui.core.gguf_header import ArrayInfo, GGUFHeader, MetaValue, TensorInfo
+from qmgui.core.gguf_tables import LLAMA_FILE_TYPES
 from qmgui.core.textsafe import printable
 
 # --- plausibility limits ---------------------------------------------------------------------
@@ -408,10 +407,7 @@ def gguf_display_name(header: GGUFHeader, fallback: str) -> str:
 def gguf_quant_label(header: GGUFHeader) -> str | None:
     ft = header.metadata.get("general.file_type")
     if isinstance(ft, int) and not isinstance(ft, bool):
-        try:
-            name = LlamaFileType(ft).name
-        except ValueError:
-            name = ""
+        name = LLAMA_FILE_TYPES.get(ft, "")
         if name and name != "GUESSED":
             return name.removeprefix("MOSTLY_").removeprefix("ALL_")
     # no file_type: the storage type holding most of the weight bytes
