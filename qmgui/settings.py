@@ -118,6 +118,20 @@ class ModelOverride(_Stored):
     flash_attn: FlashAttn | None = None
     extra_args: list[str] = Field(default_factory=list)
     mmproj: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)  # chosen once, then always used
+
+
+class PortRange(_Stored):
+    """Where a model's port is chosen from the first time it is started."""
+
+    first: int = Field(default=8080, ge=1, le=65535)
+    last: int = Field(default=8179, ge=1, le=65535)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PortRange:
+        if self.first > self.last:
+            raise ValueError(f"the first port ({self.first}) is after the last ({self.last})")
+        return self
 
 
 class BackendEntry(_Stored):
@@ -241,6 +255,7 @@ class Settings(_Stored):
     favourites: list[str] = Field(default_factory=list)  # model ids offered in the tray
     pinned: list[str] = Field(default_factory=list)  # model ids never stopped to make room
     run_sets: list[RunSet] = Field(default_factory=list)
+    ports: PortRange = Field(default_factory=PortRange)
 
     @field_validator("run_sets")
     @classmethod

@@ -57,6 +57,7 @@ from qmgui.core.meta import ModelClass
 from qmgui.core.units import parse_size
 from qmgui.core.vllm import VllmPins
 from qmgui.core.vllm_cluster import Node, plan_cluster
+from qmgui.engines.model_ports import choose_port
 from qmgui.hw.profiles import lookup
 
 EXIT_OK = 0
@@ -86,7 +87,12 @@ def register(sub: Any) -> None:
         default="bash",
         help="the script's language (default bash)",
     )
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="the script's default port")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="the script's default port (default: the model's saved port; 8080 for a router)",
+    )
     p.add_argument("--ttl", type=int, default=0, help="llama-swap: seconds idle before unload")
     p.add_argument(
         "--windows",
@@ -273,7 +279,11 @@ def write_atomic(path: str, text: str, *, mode: int | None = None) -> None:
 
 def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
     # the port placeholder no file name can hold: a model named ${PORT}.gguf stays a name
-    port = args.port if args.format == "models-ini" else PORT_MARK
+    port = (
+        (DEFAULT_PORT if args.port is None else args.port)
+        if args.format == "models-ini"
+        else PORT_MARK
+    )
     try:
         req = request_from(args, port=port, estimate=True)
     except (ValueError, EmitError) as e:
@@ -289,6 +299,9 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
     resolver = Resolver(
         load_quietly(), backend_arg=args.backend, engine=args.engine, probe=not args.no_probe
     )
+    if args.port is None:  # a script serves one model, on its saved port; a router on 8080
+        one = args.format in ("script", "vllm-cluster")
+        args.port = choose_port(resolver.loaded.settings, entries[0].id) if one else DEFAULT_PORT
     try:
         if args.format == "vllm-cluster":
             result = _vllm_cluster(entries, args)

@@ -50,6 +50,7 @@ from qmgui.core.textsafe import redact_argv, redact_env
 from qmgui.core.units import parse_size
 from qmgui.core.vllm import VllmPins, plan_vllm
 from qmgui.engines.llama_run import find_llama_server
+from qmgui.engines.model_ports import choose_port
 from qmgui.engines.supervisor import EngineSpec
 from qmgui.settings import LoadResult, ModelOverride, load_settings
 
@@ -274,6 +275,9 @@ class Request:
     estimate: bool = False  # compute the VRAM comment (exports)
 
 
+_VERBOSITY_FLAGS = frozenset(a for names in emit_llama.F_VERBOSITY.spellings for a in names)
+
+
 def engine_spec(
     command: Command,
     kind: str,
@@ -284,8 +288,11 @@ def engine_spec(
 ) -> EngineSpec:
     """The supervisor's spec for an emitted command (`qmgui serve` and the window's Start).
 
-    llama-server also gets `-lv 4`: its buffer lines are what the plan is compared with."""
-    argv = (*command.argv, "-lv", "4") if kind == "llama" else command.argv
+    llama-server also gets `-lv 4` (its buffer lines are what the plan is compared with)
+    unless the command already sets a verbosity: the flag appears once."""
+    argv = command.argv
+    if kind == "llama" and not any(a.split("=", 1)[0] in _VERBOSITY_FLAGS for a in argv[1:]):
+        argv = (*argv, "-lv", str(emit_llama.READBACK_VERBOSITY))
     return EngineSpec(
         argv=argv,
         name=entry.name,
@@ -462,7 +469,12 @@ def register(sub: Any) -> None:
     p.add_argument("model", metavar="MODEL", help="a .gguf file or a Hugging Face folder")
     add_plan_flags(p)
     add_target_flags(p)
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="default 8080")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="default: the model's saved port (the one its first start will save)",
+    )
     p.add_argument(
         "--show-secrets",
         action="store_true",
@@ -532,10 +544,12 @@ def prepare(
 
 
 def cmd_preview(args: argparse.Namespace, out: TextIO) -> int:
-    prepared = prepare(args, port=args.port, source=SOURCE)
+    prepared = prepare(args, port=DEFAULT_PORT if args.port is None else args.port, source=SOURCE)
     if isinstance(prepared, int):
         return prepared
     req, entry, resolver = prepared
+    if args.port is None:
+        req = replace(req, port=choose_port(resolver.loaded.settings, entry.id))
     try:
         target = resolver.target(entry)
         if isinstance(target, str):

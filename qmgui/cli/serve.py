@@ -1,7 +1,9 @@
 """`qmgui serve`: run one model's engine under the supervisor until Ctrl-C.
 
 The command is built exactly as `qmgui preview` builds it (same flags, same backend
-resolution); the supervisor picks a free port unless `--port` names one. When the engine is
+resolution); it runs on the model's saved port (chosen once from settings' `ports` range
+and saved at the first start; `--port` overrides it for this run). A taken port fails, naming
+what holds it and the next free one. When the engine is
 ready this prints `ready <url>`, then what the plan predicted beside what the engine reports
 it allocated, per device, and what NVML says the engine's processes hold per GPU when there
 is a reading. The differences (actual − planned per buffer kind) are recorded in the residual
@@ -41,6 +43,7 @@ from qmgui.core.footprint import Footprint, estimate
 from qmgui.core.readback import parse_llama_log
 from qmgui.core.textsafe import redact_argv
 from qmgui.core.units import format_bytes
+from qmgui.engines.model_ports import port_for_start
 from qmgui.engines.registry import RunRegistry
 from qmgui.engines.residuals import ResidualStore, engine_pids, readback
 from qmgui.engines.runner import become_subreaper
@@ -69,7 +72,12 @@ def register(sub: Any) -> None:
     p.add_argument("model", metavar="MODEL", help="a .gguf file or a Hugging Face folder")
     add_plan_flags(p)
     add_target_flags(p)
-    p.add_argument("--port", type=int, default=None, help="default: a free port")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="default: the model's saved port (chosen from settings' range at its first start)",
+    )
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
     p.set_defaults(func=cmd_serve)
 
@@ -192,8 +200,11 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
         return EXIT_FAILED
     for warning in command.warnings:
         notify.warning(warning, source=SOURCE)
+    port = args.port
+    if port is None:
+        port = port_for_start(entry.id, resolver.loaded.settings, path=resolver.loaded.path)
     spec = engine_spec(
-        command, target.kind, entry, port=args.port,
+        command, target.kind, entry, port=port,
         downshift=target.kind == "llama" and args.ctx is None,
     )  # fmt: skip
     registry = RunRegistry()

@@ -1,7 +1,9 @@
 """Run one engine and watch it: starting → loading → ready → stopping → stopped | crashed | failed.
 
 `Supervisor(spec).start()` resolves the executable (a missing one is an outcome, not an
-exception), picks a free port on 127.0.0.1 (retried when the engine says it is taken), starts
+exception), uses the spec's port (a model's saved one: taken is a failure that names the
+holder and the next free port, never a silent move) or, for a spec without one, a free port on
+127.0.0.1 (retried when the engine says it is taken), starts
 the engine through a `Runner`, copies its output into a `LogSink` (ring buffer + rotating file,
 0600, secrets redacted, older logs pruned; a write that fails is counted in `log_errors` and
 the outcome, said once, and never stops the engine) and polls its health endpoint every
@@ -55,6 +57,7 @@ from qmgui.engines.ports import (
     free_port,
     port_is_free,
     reachable_from_network,
+    taken_sentence,
     url_host,
 )
 from qmgui.engines.registry import RunEntry, RunRegistry
@@ -149,7 +152,7 @@ class EngineSpec:
     kind: str = "llama"
     health_path: str = "/health"
     host: str = ""  # "": the argv's own `host_flag` value, else 127.0.0.1
-    port: int | None = None  # None: a free one, retried when taken
+    port: int | None = None  # None: a free one, retried when taken; set: that one, never moved
     port_flag: str | None = "--port"
     host_flag: str | None = "--host"
     env: Mapping[str, str] | None = None
@@ -483,8 +486,7 @@ class Supervisor:
         if self.spec.port is not None and not port_is_free(self.spec.port, self.spec.host):
             self._fail(
                 OutcomeKind.PORT_TAKEN,
-                f"port {self.spec.port} on {self.spec.host} is already in use; choose another "
-                "port or stop what listens there.",
+                taken_sentence(self.spec.name, self.spec.port, self.spec.host),
             )
             return
         self._monitor = threading.Thread(
@@ -793,8 +795,7 @@ class Supervisor:
                 return base, port_tries + 1
             self._fail(
                 OutcomeKind.PORT_TAKEN,
-                f"{self.spec.name} could not listen on port {attempt.port}: it is in use; "
-                "choose another port or stop what listens there.",
+                taken_sentence(self.spec.name, attempt.port, self.spec.host),
                 rc,
             )
             return None

@@ -2,7 +2,7 @@
 thread, and hand their state changes to the GUI thread through a queued signal.
 
 An engine is started from a `PlanOutcome`: the argv is the preview's command exactly (its
-placeholder port is replaced by the supervisor's free one, as `qmgui serve` does), the health
+port is the model's saved one, as `qmgui serve` uses; Restart keeps it), the health
 path and kind come from the same resolver. `Supervisor.start()` and `stop()` may block (the
 executable's resolution, a graceful stop's grace period), so both run on worker threads; state
 callbacks arrive on the supervisor's threads and are re-emitted as `changed(id)` on the GUI
@@ -18,15 +18,17 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from PySide6.QtCore import QObject, Qt, Signal
 
 from qmgui import notify
 from qmgui.cli.preview import Resolver, engine_spec
+from qmgui.core.discovery import ModelEntry
 from qmgui.core.footprint import Footprint
 from qmgui.core.readback import parse_llama_log
+from qmgui.engines.model_ports import port_for_start
 from qmgui.engines.registry import RunRegistry
 from qmgui.engines.residuals import readback
 from qmgui.engines.runner import become_subreaper
@@ -38,17 +40,21 @@ STOP_GRACE_S = 5.0
 JOIN_S = 30.0
 
 
-def spec_for(outcome: PlanOutcome, resolver: Resolver) -> EngineSpec:
+def spec_for(outcome: PlanOutcome, resolver: Resolver, port: int | None = None) -> EngineSpec:
     """The supervisor's spec for the command the preview shows (ValueError when there is none).
 
-    The same spec `qmgui serve` builds; the context the user chose is kept (no downshift)."""
+    The same spec `qmgui serve` builds, on the model's saved port (chosen and saved at its
+    first start); the context the user chose is kept (no downshift)."""
     command = outcome.command
     if not command.runnable:
         raise ValueError("; ".join(command.warnings) or "this model has no launch command")
     target = resolver.target(outcome.entry)
     if isinstance(target, str):
         raise ValueError(target)
-    return engine_spec(command, target.kind, outcome.entry)
+    if port is None:
+        loaded = resolver.loaded
+        port = port_for_start(outcome.entry.id, loaded.settings, path=loaded.path)
+    return engine_spec(command, target.kind, outcome.entry, port=port)
 
 
 @dataclass(frozen=True)
@@ -130,6 +136,9 @@ class EngineRunner(QObject):
         self._next = 1
         self._threads: list[threading.Thread] = []
         self._registry = RunRegistry() if registry else None
+        # the model's port, chosen and saved on the GUI thread (the window saves it through
+        # its own settings path); None: chosen and saved on the worker (`port_for_start`)
+        self.port_for: Callable[[ModelEntry], int] | None = None
         self._state.connect(self._on_state, Qt.ConnectionType.QueuedConnection)
 
     # --- commands (GUI thread) ----------------------------------------------------------------
@@ -146,11 +155,12 @@ class EngineRunner(QObject):
         self.engines[eid] = engine
         self.added.emit(eid)
         victims = [v for v in map(self._claim_for_stop, stop_first) if v is not None]
+        port = self.port_for(outcome.entry) if self.port_for is not None else None
 
         def run() -> None:
             for victim, sup in victims:
                 self._stop(victim, sup)
-            self._start(engine, outcome, resolver)
+            self._start(engine, outcome, resolver, port)
 
         self._spawn(f"start-{eid}", run)
         return eid
@@ -244,9 +254,11 @@ class EngineRunner(QObject):
         sup.subscribe(on_state)
         sup.start()
 
-    def _start(self, engine: Engine, outcome: PlanOutcome, resolver: Resolver) -> None:
+    def _start(
+        self, engine: Engine, outcome: PlanOutcome, resolver: Resolver, port: int | None = None
+    ) -> None:
         try:
-            engine.spec = spec_for(outcome, resolver)
+            engine.spec = spec_for(outcome, resolver, port)
             self._launch(engine, engine.spec)
         except Exception as e:  # a start that cannot happen is a message, not a crash
             engine.error = str(e) or type(e).__name__

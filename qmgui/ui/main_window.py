@@ -46,6 +46,7 @@ from qmgui.core.discovery import ModelEntry, ScanResult
 from qmgui.core.fit import FitResult
 from qmgui.core.launch import LaunchSettings
 from qmgui.core.units import MIB
+from qmgui.engines.model_ports import choose_port, stored_port
 from qmgui.roots import plan_add
 from qmgui.settings import (
     LoadResult,
@@ -265,6 +266,7 @@ class MainWindow(QMainWindow):
     def _command_box(self) -> QWidget:
         """The launch command with its Start button; the Engines dock (bottom) beside them."""
         self.engine_runner = EngineRunner(self)
+        self.engine_runner.port_for = self._port_for
         self.engines_panel = EnginesPanel(self.engine_runner, self)
         self.engines_dock = QDockWidget("Engines", self)
         self.engines_dock.setObjectName("engines-dock")
@@ -505,6 +507,19 @@ class MainWindow(QMainWindow):
             }
         )
         self._store(self.settings.model_copy(update={"ui": ui}))
+
+    def _port_for(self, entry: ModelEntry) -> int:
+        """The model's port: its saved one, else chosen now (`choose_port`) and saved with the
+        window's settings, so every later start, restart and preview uses it."""
+        port = choose_port(self.settings, entry.id)
+        if stored_port(self.settings, entry.id) is None:
+            overrides = dict(self.settings.model_overrides)
+            old = overrides.get(entry.id)
+            overrides[entry.id] = (
+                old.model_copy(update={"port": port}) if old else ModelOverride(port=port)
+            )
+            self._store(self.settings.model_copy(update={"model_overrides": overrides}))
+        return port
 
     def _store(self, settings: Settings) -> None:
         """Take `settings` (the window's copy with one change) and save what changed: merged

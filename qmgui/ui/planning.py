@@ -21,10 +21,10 @@ from qmgui.core.meta import ModelClass
 from qmgui.core.shell import quote_bash, quote_powershell
 from qmgui.core.textsafe import redact_argv, redact_env
 from qmgui.core.units import MIB
+from qmgui.engines.model_ports import choose_port
 from qmgui.ui.hardware import Hardware
 from qmgui.ui.occupancy import gpu_index
 
-DEFAULT_PORT = 8080
 # the context a fit badge is judged at: the trained one, capped where most chats live (a 1M
 # trained context would mark every model "does not fit")
 BADGE_CONTEXT = 8192
@@ -202,7 +202,8 @@ def plan_model(
             engine = f"{name} ({target.kind}): {target.reason}"
             extra = tuple(split_args(extra_args))
             req = Request(settings=settings, gpus=sized.gpus, reserve=reserve_mib * MIB,
-                          port=DEFAULT_PORT, extra=extra, devices=devices)  # fmt: skip
+                          port=choose_port(resolver.loaded.settings, entry.id),
+                          extra=extra, devices=devices)  # fmt: skip
             command = emit_model(entry, target, req, resolver.override(entry)).command
     except (EmitError, SizingError, UsageError, ValueError) as e:
         command = skipped(str(e))

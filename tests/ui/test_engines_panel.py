@@ -125,3 +125,67 @@ def test_quit_stops_every_engine(  # type: ignore[no-untyped-def]
     w.close()  # no tray yet: closing is quitting
     assert engine.state == State.STOPPED
     assert not w.engine_runner.running()
+
+
+def test_restart_keeps_the_saved_port(  # type: ignore[no-untyped-def]
+    qtbot, make_window, one_model: Path, llama_on_path: str
+) -> None:
+    from qmgui.settings import load_settings
+
+    w = ready_window(qtbot, make_window, one_model)
+    assert w.outcome is not None
+    argv = w.outcome.command.argv
+    shown = int(argv[argv.index("--port") + 1])  # the port the first start will save
+    eid = w.start_engine()
+    assert eid is not None
+    engine = w.engine_runner.engines[eid]
+    try:
+        qtbot.waitUntil(lambda: engine.state == State.READY or engine.state.final, timeout=READY_MS)
+        first = engine.supervisor
+        assert first is not None and first.state == State.READY, first.outcome
+        assert first.port == shown and first.argv is not None and first.argv.count("-lv") == 1
+        saved = load_settings().settings.model_overrides[w.outcome.entry.id].port
+        assert saved == shown
+        w.engine_runner.restart(eid)
+        qtbot.waitUntil(
+            lambda: engine.supervisor is not first and engine.state == State.READY,
+            timeout=READY_MS,
+        )
+        assert engine.supervisor is not None and engine.supervisor.port == shown
+        with urllib.request.urlopen(f"{engine.supervisor.url}/health", timeout=5) as r:
+            assert r.status == 200
+    finally:
+        w.engine_runner.stop_all()
+
+
+def test_start_on_a_taken_port_names_the_holder(  # type: ignore[no-untyped-def]
+    qtbot, make_window, one_model: Path, llama_on_path: str
+) -> None:
+    import os
+    import socket
+
+    from qmgui.core.discovery import entry_for_path
+    from qmgui.settings import ModelOverride
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        entry = entry_for_path(str(one_model / "tiny-llama.gguf"))
+        w = ready_window(qtbot, make_window, one_model)
+        overrides = {entry.id: ModelOverride(port=port)}  # the model's saved port
+        w._store(w.settings.model_copy(update={"model_overrides": overrides}))
+        w._schedule_plan()
+        settle(qtbot, w)
+        assert w.outcome is not None
+        argv = w.outcome.command.argv
+        assert argv[argv.index("--port") + 1] == str(port)  # the preview shows it
+        eid = w.start_engine()
+        assert eid is not None
+        engine = w.engine_runner.engines[eid]
+        qtbot.waitUntil(lambda: w.engines_panel.state_of(eid) == "failed", timeout=10_000)
+        w.engine_runner.wait()
+        sup = engine.supervisor
+        assert sup is not None and sup.pid is None and sup.outcome is not None
+        assert f"port {port}" in sup.outcome.message
+        assert f"pid {os.getpid()}" in sup.outcome.message and "--port " in sup.outcome.message
