@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from qmgui.cli.preview import join_extra
+from qmgui.cli import join_extra
 from tests.synth.factory import PRESETS, write_gguf, write_mmproj, write_split
 from tests.test_cli import run
 
@@ -207,8 +207,9 @@ def test_preview_extra_takes_the_next_word(model: Path, tmp_path: Path, extra: t
 
 @pytest.mark.parametrize("command", [("serve",), ("export", "script")])
 def test_other_commands_take_extra_with_a_dash(command: tuple[str], model: Path) -> None:
-    # parsing succeeds (what runs next may fail for other reasons): no argparse usage error
+    # parsing succeeds (what runs next may fail for other reasons): no argparse usage error;
+    # main() joins `--extra WORD` for every command before argparse sees it
     from qmgui.cli import build_parser
 
-    args = build_parser().parse_args([*command, str(model), "--extra", "--jinja"])
+    args = build_parser().parse_args(join_extra([*command, str(model), "--extra", "--jinja"]))
     assert args.extra == ["--jinja"]

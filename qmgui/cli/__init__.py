@@ -76,6 +76,27 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
+def join_extra(argv: Sequence[str]) -> list[str]:
+    """`--extra WORD` as `--extra=WORD`: argparse refuses a value that starts with a dash
+    (`--extra --jinja`), so the word after `--extra` is joined to it, whatever it starts with.
+    Words after a lone `--` are left alone."""
+    out: list[str] = []
+    words = list(argv)
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "--":
+            out.extend(words[i:])
+            break
+        if word == "--extra" and i + 1 < len(words):
+            out.append(f"--extra={words[i + 1]}")
+            i += 2
+            continue
+        out.append(word)
+        i += 1
+    return out
+
+
 def _is_path(word: str, parser: argparse.ArgumentParser) -> bool:
     """Not a command name, and an existing path (or one that looks like a path)."""
     commands: set[str] = set()
@@ -119,7 +140,7 @@ def main(
         if out.isatty() and not isinstance(out, TerminalOut):
             out = cast(TextIO, TerminalOut(out))
     err = err or sys.stderr
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = join_extra(sys.argv[1:] if argv is None else argv)
     # a command named first: only its module is imported, so `qmgui plan` starts fast
     parser = build_parser(argv[0] if argv and argv[0] in _command_names() else None)
     if argv and not argv[0].startswith("-") and _is_path(argv[0], parser):

@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import shutil
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
@@ -421,42 +420,9 @@ def add_target_flags(p: argparse.ArgumentParser) -> None:
         "'--jinja --temp 0.7' (the next word is taken even when it starts with a dash, so "
         "--extra --jinja works); repeat for more",
     )
-    _extra_takes_next_word(p)
     p.add_argument(
         "--no-probe", action="store_true", help="do not run the engine's --help to check flags"
     )
-
-
-def join_extra(argv: Sequence[str]) -> list[str]:
-    """`--extra WORD` as `--extra=WORD`: argparse refuses a value that starts with a dash
-    (`--extra --jinja`), so the word after `--extra` is joined to it, whatever it starts with.
-    Words after a lone `--` are left alone."""
-    out: list[str] = []
-    words = list(argv)
-    i = 0
-    while i < len(words):
-        word = words[i]
-        if word == "--":
-            out.extend(words[i:])
-            break
-        if word == "--extra" and i + 1 < len(words):
-            out.append(f"--extra={words[i + 1]}")
-            i += 2
-            continue
-        out.append(word)
-        i += 1
-    return out
-
-
-def _extra_takes_next_word(p: argparse.ArgumentParser) -> None:
-    """Make `p` (a command's parser, reached as a subcommand or on its own) join `--extra`
-    to its next word before parsing."""
-    parse = p.parse_known_args
-
-    def parse_known_args(args: Sequence[str] | None = None, namespace: Any = None) -> Any:
-        return parse(join_extra(sys.argv[1:] if args is None else args), namespace)
-
-    setattr(p, "parse_known_args", parse_known_args)  # noqa: B010 - on this parser only
 
 
 def register(sub: Any) -> None:
