@@ -42,6 +42,14 @@ def choose_port(settings: Settings, model_id: str, host: str = HOST) -> int:
     return first
 
 
+def with_port(settings: Settings, model_id: str, port: int) -> Settings:
+    """`settings` with `port` saved as the model's (a copy; its other overrides kept)."""
+    overrides = dict(settings.model_overrides)
+    old = overrides.get(model_id)
+    overrides[model_id] = old.model_copy(update={"port": port}) if old else ModelOverride(port=port)
+    return settings.model_copy(update={"model_overrides": overrides})
+
+
 def ensure_port(model_id: str, host: str = HOST, path: Path | None = None) -> int:
     """The model's port, chosen and saved (through `update_settings`) if it has none yet."""
     chosen: list[int] = []
@@ -50,9 +58,7 @@ def ensure_port(model_id: str, host: str = HOST, path: Path | None = None) -> in
         port = choose_port(current, model_id, host)
         chosen.append(port)
         if stored_port(current, model_id) is None:
-            ov = current.model_overrides.get(model_id) or ModelOverride()
-            ov.port = port
-            current.model_overrides[model_id] = ov
+            return with_port(current, model_id, port)
         return current
 
     update_settings(change, path)

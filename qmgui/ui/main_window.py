@@ -46,7 +46,7 @@ from qmgui.core.discovery import ModelEntry, ScanResult
 from qmgui.core.fit import FitResult
 from qmgui.core.launch import LaunchSettings
 from qmgui.core.units import MIB
-from qmgui.engines.model_ports import choose_port, stored_port
+from qmgui.engines.model_ports import choose_port, stored_port, with_port
 from qmgui.roots import plan_add
 from qmgui.settings import (
     LoadResult,
@@ -513,12 +513,7 @@ class MainWindow(QMainWindow):
         window's settings, so every later start, restart and preview uses it."""
         port = choose_port(self.settings, entry.id)
         if stored_port(self.settings, entry.id) is None:
-            overrides = dict(self.settings.model_overrides)
-            old = overrides.get(entry.id)
-            overrides[entry.id] = (
-                old.model_copy(update={"port": port}) if old else ModelOverride(port=port)
-            )
-            self._store(self.settings.model_copy(update={"model_overrides": overrides}))
+            self._store(with_port(self.settings, entry.id, port))
         return port
 
     def _store(self, settings: Settings) -> None:
