@@ -12,7 +12,12 @@ from typing import Any, TextIO
 from qmgui import notify
 from qmgui.core.discovery import ModelEntry, entry_for_path
 from qmgui.core.errors import SizingError
-from qmgui.core.fit import Budget, FitResult, check, max_context, offload_for_context
+from qmgui.core.fit import (
+    Budget,
+    FitResult,
+    check,
+    nearest_fit,
+)
 from qmgui.core.footprint import Gpu
 from qmgui.core.launch import (
     CACHE_TYPES,
@@ -21,7 +26,7 @@ from qmgui.core.launch import (
     MAX_SEQ,
     LaunchSettings,
 )
-from qmgui.core.meta import MAX_CONTEXT, ModelClass, ModelMeta
+from qmgui.core.meta import MAX_CONTEXT, ModelClass
 from qmgui.core.units import format_bytes, parse_size
 from qmgui.core.vllm import VllmPins, plan_vllm
 from qmgui.hw.host import read_ram
@@ -389,19 +394,6 @@ def projector_owners(path: str, most: int = 32) -> list[str]:
         if entry.mmproj and os.path.realpath(entry.mmproj) == target and entry.path.endswith(name):
             owners.append(entry.name)
     return owners
-
-
-def nearest_fit(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> LaunchSettings | None:
-    """The settings closest to `settings` that fit (as the window's "Nearest fit"): fewer
-    layers on the GPU (or MoE experts on the CPU) for this context, else the largest context
-    with these layers; None when nothing does."""
-    offload = offload_for_context(meta, settings, budget)
-    if offload.fits and offload.nearest is not None:
-        return offload.nearest
-    shorter = max_context(meta, settings, budget)
-    if shorter.fits:
-        return shorter.settings
-    return shorter.nearest
 
 
 def _nearest_json(result: FitResult, near: LaunchSettings | None) -> dict[str, Any] | None:

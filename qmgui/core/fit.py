@@ -209,6 +209,19 @@ def _nearest_offload(
     return None if ngl is None else replace(settings, n_gpu_layers=ngl)
 
 
+def nearest_fit(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> LaunchSettings | None:
+    """The settings closest to `settings` that fit (the window's "Nearest fit", `qmgui plan`'s
+    nearest line): fewer layers on the GPU (or MoE experts on the CPU) for this context, else
+    the largest context with these layers; None when nothing does."""
+    offload = offload_for_context(meta, settings, budget)
+    if offload.fits and offload.nearest is not None:
+        return offload.nearest
+    shorter = max_context(meta, settings, budget)
+    if shorter.fits:
+        return shorter.settings
+    return shorter.nearest
+
+
 def max_slots(
     meta: ModelMeta, settings: LaunchSettings, budget: Budget, *, ctx_per_slot: int, most: int = 64
 ) -> FitResult:

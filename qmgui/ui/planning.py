@@ -15,7 +15,14 @@ from qmgui.cli.preview import Request, Resolver, Target, UsageError, emit_model
 from qmgui.core.discovery import ModelEntry
 from qmgui.core.emit import Command, EmitError, skipped, split_args
 from qmgui.core.errors import SizingError
-from qmgui.core.fit import Budget, FitResult, check, max_context, offload_for_context
+from qmgui.core.fit import (
+    Budget,
+    FitResult,
+    check,
+    max_context,
+    nearest_fit,
+    offload_for_context,
+)
 from qmgui.core.launch import CTX_PAD, LaunchSettings
 from qmgui.core.meta import ModelClass
 from qmgui.core.shell import quote_bash, quote_powershell
@@ -137,19 +144,6 @@ class PlanOutcome:
     shown_powershell: str = ""
 
 
-def _nearest(entry: ModelEntry, settings: LaunchSettings, budget: Budget) -> LaunchSettings | None:
-    """The settings closest to `settings` that fit: fewer layers on the GPU for this context,
-    else the largest context with every layer there."""
-    assert entry.meta is not None
-    offload = offload_for_context(entry.meta, settings, budget)
-    if offload.fits and offload.nearest is not None:
-        return offload.nearest
-    shorter = max_context(entry.meta, settings, budget)
-    if shorter.fits:
-        return shorter.settings
-    return shorter.nearest
-
-
 def plan_model(
     entry: ModelEntry,
     settings: LaunchSettings,
@@ -187,7 +181,7 @@ def plan_model(
         try:
             fit = check(entry.meta, settings, budget)
             if not fit.fits:
-                fit = replace(fit, nearest=_nearest(entry, settings, budget))
+                fit = replace(fit, nearest=nearest_fit(entry.meta, settings, budget))
         except SizingError as e:
             error = str(e)
     else:
