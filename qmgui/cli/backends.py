@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, TextIO
@@ -26,25 +24,28 @@ from typing import Any, TextIO
 from qmgui import notify
 from qmgui.core.backends import (
     CLASSES,
-    CUSTOM,
     KINDS,
     Backend,
     classes_served,
     default_for_class,
     default_problem,
     find_backend,
-    kind_classes,
     registry_problems,
     set_default,
     sort_classes,
 )
 from qmgui.core.errors import SettingsError
+from qmgui.service.backends import (
+    PROBE_TIMEOUT_S,
+    executable_warning,
+    new_backend_problem,
+    stored_executable,
+)
 from qmgui.settings import BackendEntry, LoadResult, Settings, load_settings, update_settings
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-PROBE_TIMEOUT_S = 10.0  # per run of --version/--help/--list-devices
 SOURCE = "backends"
 
 
@@ -233,60 +234,19 @@ def _print_table(backends: Sequence[Backend], out: TextIO) -> None:
 # --- add ------------------------------------------------------------------------------------
 
 
-def check_add_args(args: argparse.Namespace, backends: Sequence[Backend]) -> str | None:
-    """Why `add` cannot run as asked, or None."""
-    if not args.id.strip():
-        return "a backend id must not be blank"
-    if find_backend(backends, args.id) is not None:
-        return (
-            f"a backend with the id {args.id!r} already exists; remove it first or pick another id"
-        )
-    if args.kind not in KINDS:
-        return f"unknown kind {args.kind!r}; one of {', '.join(KINDS)}"
-    if not args.exe.strip():
-        return "the executable must not be blank"
-    unknown = [c for c in [*args.classes, *args.default_for] if c not in CLASSES]
-    if unknown:
-        return f"unknown model class {unknown[0]!r}; one of {', '.join(CLASSES)}"
-    if args.kind == CUSTOM and not args.classes:
-        return "a custom backend needs the classes it serves: --class CLASS ..."
-    if args.kind != CUSTOM and args.classes:
-        served = ", ".join(sort_classes(kind_classes(args.kind)))
-        return f"--class is for custom backends only; a {args.kind} backend serves {served}"
-    return None
-
-
-def stored_executable(exe: str) -> str:
-    """A path is stored absolute (the engine is launched from another folder); a bare name
-    stays a name, looked up on PATH when the engine starts."""
-    path = os.path.expanduser(exe)
-    if os.sep in path or (os.altsep and os.altsep in path):
-        return os.path.abspath(path)
-    return exe
-
-
-def executable_warning(exe: str) -> str | None:
-    """Why `exe` will probably not start, or None; only a warning, since the user may be
-    setting up a backend before installing it."""
-    if exe == os.path.basename(exe):
-        if shutil.which(exe) is None:
-            return f"{exe} was not found on PATH; the backend will not start until it is"
-        return None
-    if not os.path.exists(exe):
-        return f"{exe} does not exist; the backend will not start until it does"
-    if os.path.isdir(exe):
-        return f"{exe} is a folder, not an executable"
-    if not os.access(exe, os.X_OK):
-        return f"{exe} is not executable; the backend will not start until it is (chmod +x)"
-    return None
-
-
 def cmd_add(args: argparse.Namespace, out: TextIO) -> int:
     loaded = _load_for_change()
     if loaded is None:
         return EXIT_FAILED
     registry = _registry(loaded)
-    problem = check_add_args(args, registry)
+    problem = new_backend_problem(
+        registry,
+        backend_id=args.id,
+        kind=args.kind,
+        exe=args.exe,
+        classes=args.classes,
+        default_for=args.default_for,
+    )
     if problem is not None:
         notify.error(problem, source=SOURCE)
         return EXIT_USAGE
@@ -313,7 +273,14 @@ def cmd_add(args: argparse.Namespace, out: TextIO) -> int:
 
     def change(backends: tuple[Backend, ...]) -> tuple[Backend, ...]:
         # checked again on the registry as it is now: another process may have added this id
-        problem = check_add_args(args, backends)
+        problem = new_backend_problem(
+            backends,
+            backend_id=args.id,
+            kind=args.kind,
+            exe=args.exe,
+            classes=args.classes,
+            default_for=args.default_for,
+        )
         if problem is not None:
             raise _Refused(problem)
         moved.clear()

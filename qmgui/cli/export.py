@@ -30,18 +30,7 @@ from typing import Any, TextIO
 
 from qmgui import notify
 from qmgui.cli.plan import add_plan_flags
-from qmgui.cli.preview import (
-    DEFAULT_PORT,
-    Emitted,
-    Request,
-    Resolver,
-    UsageError,
-    add_target_flags,
-    emit_model,
-    load_quietly,
-    request_from,
-    with_override,
-)
+from qmgui.cli.preview import add_target_flags, request_from
 from qmgui.core.discovery import ModelEntry, entry_for_path, scan
 from qmgui.core.emit import DevicePin, EmitError, skipped, split_each
 from qmgui.core.errors import SizingError
@@ -59,6 +48,16 @@ from qmgui.core.vllm import VllmPins
 from qmgui.core.vllm_cluster import Node, plan_cluster
 from qmgui.engines.model_ports import choose_port
 from qmgui.hw.profiles import lookup
+from qmgui.service.launch import (
+    DEFAULT_PORT,
+    Emitted,
+    Request,
+    Resolver,
+    UsageError,
+    emit_model,
+    load_quietly,
+    with_override,
+)
 
 EXIT_OK = 0
 EXIT_NOTHING = 1

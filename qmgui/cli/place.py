@@ -11,7 +11,6 @@ from typing import Any, TextIO
 
 from qmgui import notify
 from qmgui.cli.plan import add_reserve_flag, add_rpc_flag, gpus_from
-from qmgui.cli.preview import Resolver, UsageError, load_quietly
 from qmgui.core.discovery import ModelEntry, entry_for_path
 from qmgui.core.emit import Command, DevicePin, EmitError, skipped
 from qmgui.core.emit.llama import emit_llama
@@ -22,6 +21,7 @@ from qmgui.core.footprint import Gpu
 from qmgui.core.launch import CACHE_TYPES, LaunchSettings
 from qmgui.core.placement import AutoContext, Placed, Placement, Request, Unplaced, place
 from qmgui.core.units import format_bytes, parse_size
+from qmgui.service.launch import Resolver, UsageError, load_quietly
 
 EXIT_OK = 0
 EXIT_UNPLACED = 1  # the placement was made, but some model does not fit

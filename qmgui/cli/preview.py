@@ -8,390 +8,40 @@ sd-server for an image model, whisper-server for speech). A llama-server build i
 overrides fill the settings the command line leaves at their defaults, and its extra arguments
 come before those given with `--extra`.
 
-The pieces shared with `qmgui export` (resolving the engine, emitting one model) live here.
+Resolving the engine and emitting one model live in `qmgui.service.launch` (the window uses
+them too); the flags and the request built from a command line live here.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, TextIO
 
 from qmgui import notify
 from qmgui.cli.plan import add_plan_flags, gpus_from, launch_settings_from, projector_sentence
-from qmgui.core import backends as registry
 from qmgui.core.discovery import ModelEntry, entry_for_path
-from qmgui.core.emit import (
-    Command,
-    DevicePin,
-    EmitError,
-    flags_from_probe,
-    skipped,
-    split_each,
-)
-from qmgui.core.emit import custom as emit_custom
-from qmgui.core.emit import llama as emit_llama
-from qmgui.core.emit import sd as emit_sd
-from qmgui.core.emit import vllm as emit_vllm
-from qmgui.core.emit import whisper as emit_whisper
+from qmgui.core.emit import EmitError, skipped, split_each
 from qmgui.core.errors import SizingError
-from qmgui.core.export import footprint_comment, vllm_comment
-from qmgui.core.fit import Budget, check
-from qmgui.core.footprint import Gpu
-from qmgui.core.launch import LaunchSettings
 from qmgui.core.meta import ModelClass
 from qmgui.core.shell import quote_bash, quote_powershell
 from qmgui.core.textsafe import redact_argv, redact_env
 from qmgui.core.units import parse_size
-from qmgui.core.vllm import VllmPins, plan_vllm
-from qmgui.engines.llama_run import find_llama_server
 from qmgui.engines.model_ports import choose_port
-from qmgui.engines.supervisor import EngineSpec
-from qmgui.settings import LoadResult, ModelOverride, load_settings
+from qmgui.service.launch import (
+    DEFAULT_PORT,
+    Request,
+    Resolver,
+    UsageError,
+    emit_model,
+    load_quietly,
+)
 
 EXIT_OK = 0
 EXIT_NO_COMMAND = 1
 EXIT_USAGE = 2
 SOURCE = "preview"
-DEFAULT_PORT = 8080
-# what each kind is called when nothing names its executable
-DEFAULT_EXECUTABLES = {
-    "llama": "llama-server",
-    "vllm": "vllm",
-    "sd": "sd-server",
-    "whisper": "whisper-server",
-}
-HEALTH = {
-    "llama": emit_llama.HEALTH_PATH,
-    "vllm": emit_vllm.HEALTH_PATH,
-    "sd": emit_sd.HEALTH_PATH,
-    "whisper": emit_whisper.HEALTH_PATH,
-    "custom": emit_custom.HEALTH_PATH,
-}
-PROBE_TIMEOUT_S = 10.0
-
-
-class UsageError(Exception):
-    """A sentence for the user: the command line (or the registry) cannot be used as given."""
-
-
-@dataclass(frozen=True)
-class Target:
-    """The engine one model runs on: its kind, executable and what its build knows."""
-
-    kind: str
-    executable: str
-    backend_id: str | None
-    reason: str
-    supported: frozenset[str] | None = None
-    valueless: frozenset[str] = frozenset()
-    variant: str | None = None
-    template: str | None = None  # a custom backend's command template
-    notes: tuple[str, ...] = ()
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "id": self.backend_id,
-            "kind": self.kind,
-            "executable": self.executable,
-            "reason": self.reason,
-        }
-
-
-@dataclass(frozen=True)
-class Emitted:
-    """One model's command and what an export writes beside it."""
-
-    command: Command
-    target: Target
-    health: str
-    comments: tuple[str, ...] = ()
-
-
-@dataclass
-class Resolver:
-    """Finds each model's engine; probes each llama-server build once."""
-
-    loaded: LoadResult
-    backend_arg: str | None = None
-    engine: str | None = None
-    probe: bool = True
-    _probed: dict[str, tuple[frozenset[str] | None, frozenset[str], tuple[str, ...]]] = field(
-        default_factory=dict
-    )
-
-    @property
-    def backends(self) -> tuple[registry.Backend, ...]:
-        return tuple(e.to_core() for e in self.loaded.settings.backends)
-
-    def override(self, entry: ModelEntry) -> ModelOverride | None:
-        return self.loaded.settings.model_overrides.get(entry.id)
-
-    def target(self, entry: ModelEntry) -> Target | str:
-        """The engine for `entry`, or a sentence saying why there is none."""
-        backends = self.backends
-        if self.backend_arg:
-            named = registry.find_backend(backends, self.backend_arg)
-            if named is not None:
-                return self._from_backend(named, "named with --backend")
-            return self._from_path(entry, self.backend_arg, backends)
-        if not backends:
-            kind = self.engine or kind_for(entry)
-            exe = default_executable(kind)
-            return self._probed_target(Target(kind, exe, None, f"no backends registered: {exe}"))
-        if self.engine:
-            return self._of_kind(entry, self.engine, backends)
-        ov = self.override(entry)
-        choice = registry.resolve_backend(entry, backends, pin=ov.backend_id if ov else None)
-        if choice.backend is None:
-            return f"{entry.name}: {choice.reason}"
-        return self._from_backend(choice.backend, choice.reason)
-
-    def _of_kind(
-        self, entry: ModelEntry, kind: str, backends: Sequence[registry.Backend]
-    ) -> Target:
-        """`--engine KIND`: that kind's ★ default for the class, its first entry, or the kind's
-        usual executable when the registry has none."""
-        cls = entry.model_class.value if entry.model_class else "llm"
-        of_kind = [b for b in backends if b.kind == kind and b.serves(cls)]
-        star = registry.default_for_class(of_kind, cls)
-        if star is not None:
-            return self._from_backend(star, f"★ default {kind} backend for {cls}")
-        if of_kind:
-            return self._from_backend(of_kind[0], f"first {kind} backend for {cls}")
-        exe = default_executable(kind)
-        return self._probed_target(Target(kind, exe, None, f"no {kind} backend registered: {exe}"))
-
-    def _from_backend(self, b: registry.Backend, reason: str) -> Target:
-        template = b.capabilities.get("template")
-        target = Target(
-            kind=b.kind,
-            executable=b.executable,
-            backend_id=b.id,
-            reason=reason,
-            supported=b.flags or None,
-            variant=b.variant,
-            template=template if isinstance(template, str) else None,
-        )
-        return self._probed_target(target)
-
-    def _from_path(
-        self, entry: ModelEntry, value: str, backends: Sequence[registry.Backend]
-    ) -> Target:
-        path = os.path.expanduser(value)
-        looks_like_path = os.sep in path or bool(os.altsep and os.altsep in path)
-        if not looks_like_path and not os.path.exists(path) and shutil.which(path) is None:
-            ids = ", ".join(b.id for b in backends) or "none registered"
-            raise UsageError(
-                f"--backend {value}: no backend has that id ({ids}) and no executable of "
-                "that name is on PATH; give a registered id or the engine's path"
-            )
-        kind = self.engine or kind_for(entry, executable=path)
-        notes = () if os.path.exists(path) or shutil.which(path) else (f"{path} does not exist",)
-        return self._probed_target(Target(kind, path, None, "named with --backend", notes=notes))
-
-    def _probed_target(self, target: Target) -> Target:
-        """Probe a llama-server build's `--help` (other kinds print help qmgui cannot read)."""
-        if not self.probe or target.kind != "llama":
-            return target
-        exe = target.executable
-        if exe not in self._probed:
-            from qmgui.engines.probe import probe  # noqa: PLC0415 - only when probing
-
-            result = probe(exe, kind="llama", commands=[("--help",)], timeout_s=PROBE_TIMEOUT_S)
-            supported, valueless = flags_from_probe(result)
-            notes: tuple[str, ...] = ()
-            if supported is None:
-                why = str(result.failure) if result.failure else "it listed no options"
-                notes = (f"could not read {exe} --help ({why}); assuming it knows every flag",)
-            self._probed[exe] = (supported, valueless, notes)
-        supported, valueless, notes = self._probed[exe]
-        if supported is None:
-            return replace(target, notes=(*target.notes, *notes))
-        return replace(target, supported=supported, valueless=valueless)
-
-
-def kind_for(entry: ModelEntry, *, executable: str | None = None) -> str:
-    """The engine kind for a model: from the executable's name when it says, else the model."""
-    if executable:
-        name = os.path.basename(executable).lower()
-        for needle, kind in (("vllm", "vllm"), ("whisper", "whisper"), ("sd-server", "sd")):
-            if needle in name:
-                return kind
-        if "llama" in name:
-            return "llama"
-    if entry.format == "hf":
-        return "vllm"
-    if entry.model_class == ModelClass.IMAGE:
-        return "sd"
-    if entry.model_class == ModelClass.ASR:
-        return "whisper"
-    return "llama"
-
-
-def default_executable(kind: str) -> str:
-    if kind == "llama":
-        return find_llama_server() or DEFAULT_EXECUTABLES["llama"]
-    return DEFAULT_EXECUTABLES.get(kind, kind)
-
-
-def with_override(s: LaunchSettings, ov: ModelOverride | None) -> LaunchSettings:
-    """The model's stored overrides fill what the command line left at its default."""
-    if ov is None:
-        return s
-    changes: dict[str, Any] = {}
-    if s.ctx_size is None and ov.ctx_size:
-        changes["ctx_size"] = ov.ctx_size
-    if s.parallel is None and ov.parallel:
-        changes["parallel"] = ov.parallel
-    if s.cache_type_k == "f16" and ov.cache_type_k:
-        changes["cache_type_k"] = ov.cache_type_k
-    if s.cache_type_v == "f16" and ov.cache_type_v:
-        changes["cache_type_v"] = ov.cache_type_v
-    if s.n_gpu_layers is None and ov.n_gpu_layers is not None:
-        changes["n_gpu_layers"] = ov.n_gpu_layers
-    if s.n_cpu_moe == 0 and ov.n_cpu_moe:
-        changes["n_cpu_moe"] = ov.n_cpu_moe
-    if s.flash_attn == "auto" and ov.flash_attn:
-        changes["flash_attn"] = ov.flash_attn
-    return replace(s, **changes)
-
-
-@dataclass(frozen=True)
-class Request:
-    """What the command line asked for, shared by every model of one run."""
-
-    settings: LaunchSettings
-    gpus: tuple[Gpu, ...]
-    reserve: int
-    port: int | str
-    extra: tuple[str, ...]
-    devices: tuple[int, ...] = ()
-    estimate: bool = False  # compute the VRAM comment (exports)
-
-
-_VERBOSITY_FLAGS = frozenset(a for names in emit_llama.F_VERBOSITY.spellings for a in names)
-
-
-def engine_spec(
-    command: Command,
-    kind: str,
-    entry: ModelEntry,
-    *,
-    port: int | None = None,
-    downshift: bool = False,
-) -> EngineSpec:
-    """The supervisor's spec for an emitted command (`qmgui serve` and the window's Start).
-
-    llama-server also gets `-lv 4` (its buffer lines are what the plan is compared with)
-    unless the command already sets a verbosity: the flag appears once."""
-    argv = command.argv
-    if kind == "llama" and not any(a.split("=", 1)[0] in _VERBOSITY_FLAGS for a in argv[1:]):
-        argv = (*argv, "-lv", str(emit_llama.READBACK_VERBOSITY))
-    return EngineSpec(
-        argv=argv,
-        name=entry.name,
-        kind=kind,
-        health_path=HEALTH.get(kind, emit_custom.HEALTH_PATH),
-        port=port,
-        env=dict(command.env) or None,
-        model_bytes=entry.size_bytes,
-        downshift=downshift,
-        default_ctx=entry.meta.context_length if entry.meta else None,
-    )
-
-
-def emit_model(
-    entry: ModelEntry, target: Target, req: Request, ov: ModelOverride | None
-) -> Emitted:
-    """Emit one model's command on `target` (EmitError / SizingError for bad input)."""
-    settings = with_override(req.settings, ov)
-    if ov is not None and ov.mmproj:
-        entry = replace(entry, mmproj=ov.mmproj)
-    extra = (*split_each(ov.extra_args if ov else ()), *req.extra)
-    pin = DevicePin(target.variant or "cuda", req.devices) if req.devices else None
-    health = HEALTH.get(target.kind, "/health")
-    common: dict[str, Any] = {"executable": target.executable, "port": req.port}
-    comments: list[str] = []
-    if target.kind == "llama":
-        cmd = emit_llama.emit_llama(
-            entry,
-            settings,
-            supported_flags=target.supported,
-            valueless_flags=target.valueless,
-            devices=pin,
-            extra_args=extra,
-            **common,
-        )
-        if req.estimate and entry.meta is not None and cmd.runnable:
-            comments = _llama_estimate(entry, settings, req)
-    elif target.kind == "vllm":
-        cmd, comments = _vllm(entry, target, req, extra=extra, pin=pin, common=common)
-    elif target.kind == "sd":
-        cmd = emit_sd.emit_sd(entry, devices=pin, extra_args=extra, **common)
-    elif target.kind == "whisper":
-        cmd = emit_whisper.emit_whisper(entry, devices=pin, extra_args=extra, **common)
-    elif target.kind == "custom":
-        if not target.template:
-            raise EmitError(
-                f"custom backend {target.backend_id!r} has no command template "
-                "(capabilities.template)"
-            )
-        cmd = emit_custom.emit_custom(
-            entry, target.template, settings, env=pin.env() if pin else None,
-            extra_args=extra, **common,
-        )  # fmt: skip
-    else:
-        cmd = skipped(f"{entry.name}: qmgui writes no commands for {target.kind} backends yet")
-    if target.notes:
-        cmd = replace(cmd, warnings=(*target.notes, *cmd.warnings))
-    return Emitted(cmd, target, health, tuple(comments))
-
-
-def _llama_estimate(entry: ModelEntry, settings: LaunchSettings, req: Request) -> list[str]:
-    assert entry.meta is not None
-    try:
-        result = check(entry.meta, settings, Budget(gpus=req.gpus, gpu_reserve=req.reserve))
-    except SizingError as e:
-        return [f"VRAM not estimated: {e}"]
-    lines = [footprint_comment(result.footprint)]
-    if not result.fits:
-        lines.append(f"does not fit: {result.reason}")
-    return lines
-
-
-def _vllm(
-    entry: ModelEntry,
-    target: Target,
-    req: Request,
-    *,
-    extra: tuple[str, ...],
-    pin: DevicePin | None,
-    common: dict[str, Any],
-) -> tuple[Command, list[str]]:
-    if entry.meta is None:
-        return skipped(f"{entry.name}: {entry.error or 'not a model'}"), []
-    gpu = req.gpus[0] if req.gpus else None
-    plan = plan_vllm(
-        entry.meta,
-        gpu_total_bytes=gpu.total_bytes if gpu else None,
-        budget_bytes=max(gpu.available - req.reserve, 1) if gpu else None,
-        tensor_parallel=max(len(req.gpus), 1),
-        pins=VllmPins(max_model_len=req.settings.ctx_size, extra_args=extra),
-        is_split_gguf=len(entry.shards) > 1,
-    )
-    cmd = emit_vllm.emit_vllm(
-        entry, plan, supported_flags=target.supported, devices=pin, extra_args=extra, **common
-    )
-    comments = [vllm_comment(plan)] if cmd.runnable else []
-    if cmd.runnable and not plan.fits:
-        comments.append(f"does not fit: {plan.reason}")
-    return cmd, comments
-
 
 # --- the command ---------------------------------------------------------------------------------
 
@@ -477,13 +127,6 @@ def request_from(args: argparse.Namespace, *, port: int | str, estimate: bool) -
         devices=parse_devices(args.devices),
         estimate=estimate,
     )
-
-
-def load_quietly() -> LoadResult:
-    loaded = load_settings()
-    for message in loaded.messages:
-        notify.warning(message, source="settings")
-    return loaded
 
 
 def prepare(

@@ -30,13 +30,7 @@ from typing import Any, TextIO
 
 from qmgui import notify
 from qmgui.cli.plan import add_plan_flags
-from qmgui.cli.preview import (
-    UsageError,
-    add_target_flags,
-    emit_model,
-    engine_spec,
-    prepare,
-)
+from qmgui.cli.preview import add_target_flags, prepare
 from qmgui.core.emit import EmitError
 from qmgui.core.errors import SizingError
 from qmgui.core.footprint import Footprint, estimate
@@ -49,6 +43,7 @@ from qmgui.engines.residuals import ResidualStore, engine_pids, readback
 from qmgui.engines.runner import become_subreaper
 from qmgui.engines.supervisor import State, Supervisor
 from qmgui.hw.nvml import read_nvml
+from qmgui.service.launch import UsageError, emit_model, engine_spec
 
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -27,7 +27,6 @@ save, other processes' changes included).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -60,12 +59,6 @@ from PySide6.QtWidgets import (
 )
 
 from qmgui import notify
-from qmgui.cli.backends import (
-    PROBE_TIMEOUT_S,
-    check_add_args,
-    executable_warning,
-    stored_executable,
-)
 from qmgui.core.backends import (
     CLASSES,
     CUSTOM,
@@ -84,6 +77,12 @@ from qmgui.core.backends import (
 from qmgui.core.discovery import ModelEntry
 from qmgui.core.errors import SettingsError
 from qmgui.core.probe import ProbeResult
+from qmgui.service.backends import (
+    PROBE_TIMEOUT_S,
+    executable_warning,
+    new_backend_problem,
+    stored_executable,
+)
 from qmgui.settings import BackendEntry, LoadResult, load_settings, save_changes
 from qmgui.ui.workers import LatestWins
 
@@ -260,14 +259,13 @@ class BackendEditor(QDialog):
 
     def problem(self) -> str | None:
         """Why the form cannot be taken as it stands, or None."""
-        args = argparse.Namespace(
-            id=self.id_edit.text(),
+        return new_backend_problem(
+            self._others,
+            backend_id=self.id_edit.text(),
             kind=self.kind_combo.currentText(),
             exe=self.exe_edit.text(),
             classes=self._classes(),
-            default_for=[],
         )
-        return check_add_args(args, self._others)
 
     def backend(self) -> Backend:
         """The entry as the form stands (check `problem()` first)."""

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from PySide6.QtCore import QObject, Qt, Signal
 
 from qmgui import notify
-from qmgui.cli.preview import Resolver, engine_spec
 from qmgui.core.discovery import ModelEntry
 from qmgui.core.footprint import Footprint
 from qmgui.core.readback import parse_llama_log
@@ -33,6 +32,7 @@ from qmgui.engines.registry import RunRegistry
 from qmgui.engines.residuals import readback
 from qmgui.engines.runner import become_subreaper
 from qmgui.engines.supervisor import EngineSpec, State, Supervisor
+from qmgui.service.launch import Resolver, engine_spec
 from qmgui.ui.planning import PlanOutcome
 
 SOURCE = "engines"

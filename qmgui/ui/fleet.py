@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from qmgui import notify
-from qmgui.cli.preview import Resolver
 from qmgui.core.discovery import ModelEntry
 from qmgui.core.launch import LaunchSettings
+from qmgui.service.launch import Resolver
 from qmgui.settings import ModelOverride, RunSet, Settings
 from qmgui.ui.budgeting import StartDecision, start_decision
 from qmgui.ui.engine_runner import EngineRunner

@@ -40,7 +40,6 @@ from PySide6.QtWidgets import (
 )
 
 from qmgui import notify
-from qmgui.cli.preview import Resolver, default_executable, kind_for
 from qmgui.core.backends import resolve_backend
 from qmgui.core.discovery import ModelEntry, ScanResult
 from qmgui.core.fit import FitResult
@@ -48,6 +47,7 @@ from qmgui.core.launch import LaunchSettings
 from qmgui.core.units import MIB
 from qmgui.engines.model_ports import choose_port, stored_port, with_port
 from qmgui.roots import plan_add
+from qmgui.service.launch import Resolver, default_executable, kind_for
 from qmgui.settings import (
     LoadResult,
     ModelOverride,

@@ -11,7 +11,6 @@ import enum
 import os
 from dataclasses import dataclass, replace
 
-from qmgui.cli.preview import Request, Resolver, Target, UsageError, emit_model
 from qmgui.core.discovery import ModelEntry
 from qmgui.core.emit import Command, EmitError, skipped, split_args
 from qmgui.core.errors import SizingError
@@ -29,6 +28,7 @@ from qmgui.core.shell import quote_bash, quote_powershell
 from qmgui.core.textsafe import redact_argv, redact_env
 from qmgui.core.units import MIB
 from qmgui.engines.model_ports import choose_port
+from qmgui.service.launch import Request, Resolver, Target, UsageError, emit_model
 from qmgui.ui.hardware import Hardware
 from qmgui.ui.occupancy import gpu_index
 

@@ -17,13 +17,13 @@ import pytest
 from pydantic import ValidationError
 
 from qmgui.cli import main
-from qmgui.cli.preview import engine_spec
 from qmgui.core.discovery import entry_for_path
 from qmgui.core.emit import Command
 from qmgui.engines.llama_run import find_llama_server
 from qmgui.engines.model_ports import choose_port, ensure_port
 from qmgui.engines.ports import free_port, port_holder, taken_sentence
 from qmgui.engines.supervisor import EngineSpec, OutcomeKind, State, Supervisor
+from qmgui.service.launch import engine_spec
 from qmgui.settings import ModelOverride, PortRange, Settings, load_settings, save_settings
 from tests.synth.factory import PRESETS, write_gguf
 

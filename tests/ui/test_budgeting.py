@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from qmgui.cli.preview import Resolver
 from qmgui.core.discovery import ModelEntry, entry_for_path
 from qmgui.core.footprint import Footprint, Gpu
 from qmgui.core.launch import LaunchSettings
 from qmgui.core.units import GIB
+from qmgui.service.launch import Resolver
 from qmgui.settings import LoadResult, Settings
 from qmgui.ui.budgeting import start_decision
 from qmgui.ui.hardware import Hardware

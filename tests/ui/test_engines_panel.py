@@ -56,7 +56,7 @@ def test_start_with_a_missing_engine_fails_in_the_panel(  # type: ignore[no-unty
     qtbot, make_window, one_model: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # no llama-server anywhere: the command names the bare executable, which is not found
-    monkeypatch.setattr("qmgui.cli.preview.find_llama_server", lambda env=None: None)
+    monkeypatch.setattr("qmgui.service.launch.find_llama_server", lambda env=None: None)
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
     w = ready_window(qtbot, make_window, one_model)
     w.start_button.click()

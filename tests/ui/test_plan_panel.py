@@ -8,9 +8,9 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QCheckBox
 
-from qmgui.cli.preview import Resolver
 from qmgui.core.discovery import ModelEntry, scan
 from qmgui.core.launch import LaunchSettings
+from qmgui.service.launch import Resolver
 from qmgui.settings import LoadResult, Settings
 from qmgui.ui import hardware, main_window
 from qmgui.ui.main_window import MainWindow

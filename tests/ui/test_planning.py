@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qmgui.cli.preview import Resolver
 from qmgui.core.discovery import entry_for_path
 from qmgui.core.footprint import Gpu
 from qmgui.core.launch import LaunchSettings
 from qmgui.core.units import GIB, MIB
+from qmgui.service.launch import Resolver
 from qmgui.settings import BackendEntry, LoadResult, Settings
 from qmgui.ui.hardware import Hardware
 from qmgui.ui.planning import for_variant, plan_model
