@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from collections.abc import Sequence
@@ -30,6 +31,19 @@ def wants_window(argv: Sequence[str], *, display: bool) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # No cyclic garbage collection while the start-up imports build their long-lived objects
+    # (pydantic's schemas, Qt's wrappers, the tables): collections then only walk objects that
+    # live as long as the process. It measured a quarter of the window's start-up time and of
+    # `qmgui plan`'s (bench/window_start.py, bench/startup.py). The window turns it back on
+    # once its event loop runs, the command line before the command runs.
+    gc.disable()
+    try:
+        return _main(argv)
+    finally:
+        gc.enable()
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args == ["--version"]:  # answered before any import: installers and scripts call it
         from qmgui import __version__  # noqa: PLC0415

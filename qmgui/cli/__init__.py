@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib
 import io
 import logging
@@ -171,6 +172,7 @@ def main(
                 file=err,
             )
             args = parser.parse_args(["scan"])
+        gc.enable()  # off while qmgui.__main__ imported the command (start-up speed)
         return int(args.func(args, out))
     except BrokenPipeError:
         # the reader went away (`qmgui scan | head`): what it wanted was printed; stop quietly

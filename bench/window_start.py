@@ -1,0 +1,98 @@
+"""Time to the window: whole processes, from start to the main window's first paint.
+
+    .venv/bin/python bench/window_start.py [--exe PATH] [--runs 7]
+
+PATH is the program to time: the PyInstaller bundle (`dist/qmgui/qmgui`, or `/opt/qmgui/qmgui`
+once the .deb is installed), by default the first of those that exists, else this checkout's
+`qmgui`. Each run starts it with `QMGUI_REPORT_SHOWN=1` (qmgui/ui/startup_probe.py: it prints
+the milliseconds from its process's creation to the first paint, then quits), with an empty
+temporary home (no settings, no models: a first start), on `$DISPLAY` when there is one, else
+Qt's offscreen platform. A bare `python -c pass` is timed run by run alongside as the baseline,
+so a busy machine shows up there too. Prints the medians, the ratio, and whether the window
+appeared within the target (issue 13, "Fast start": 0.7 s from the bundle). Exit status 1 if
+the target is missed, 2 if the program fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET_MS = 700.0
+BUNDLES = (ROOT / "dist" / "qmgui" / "qmgui", Path("/opt/qmgui/qmgui"))
+SHOWN = re.compile(rb"window shown in (\d+) ms")
+
+
+def default_exe() -> list[str]:
+    for b in BUNDLES:
+        if b.is_file() and os.access(b, os.X_OK):
+            return [str(b)]
+    script = Path(sys.executable).with_name("qmgui")
+    return [sys.executable, str(script)] if script.is_file() else [sys.executable, "-m", "qmgui"]
+
+
+def environment(home: Path) -> dict[str, str]:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "XDG_CONFIG_HOME": str(home / "config"),
+        "XDG_CACHE_HOME": str(home / "cache"),
+        "XDG_STATE_HOME": str(home / "state"),
+        "XDG_DATA_HOME": str(home / "data"),
+        "QMGUI_REPORT_SHOWN": "1",
+    }
+    if os.environ.get("DISPLAY"):
+        env["DISPLAY"] = os.environ["DISPLAY"]
+    else:
+        env["QT_QPA_PLATFORM"] = "offscreen"
+    return env
+
+
+def shown_ms(argv: list[str], env: dict[str, str]) -> float:
+    proc = subprocess.run(argv, capture_output=True, env=env, timeout=60, check=False)
+    m = SHOWN.search(proc.stdout)
+    if proc.returncode != 0 or m is None:
+        tail = (proc.stdout + proc.stderr).decode(errors="replace")[-2000:]
+        sys.exit(f"{' '.join(argv)} did not report its window ({proc.returncode}):\n{tail}")
+    return float(m.group(1))
+
+
+def bare_ms() -> float:
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    return (time.perf_counter() - t) * 1000
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--exe", help="the program to time (default: the bundle, else qmgui)")
+    ap.add_argument("--runs", type=int, default=7)
+    args = ap.parse_args()
+    argv = [args.exe] if args.exe else default_exe()
+    with tempfile.TemporaryDirectory(prefix="qmgui-window-") as tmp:
+        env = environment(Path(tmp))
+        shown_ms(argv, env)  # warm-up: page cache, font cache, the first settings file
+        shown, bare = [], []
+        for _ in range(args.runs):
+            bare.append(bare_ms())
+            shown.append(shown_ms(argv, env))
+    s, b = statistics.median(shown), statistics.median(bare)
+    where = "DISPLAY " + env["DISPLAY"] if "DISPLAY" in env else "offscreen"
+    print(f"program: {' '.join(argv)} ({where}, {args.runs} runs)")
+    print(f"python -c pass          {b:7.0f} ms")
+    print(f"window shown            {s:7.0f} ms   {s / b:5.1f}x bare python")
+    ok = s <= TARGET_MS
+    print(f"target: shown within {TARGET_MS:.0f} ms: {'met' if ok else 'MISSED'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
