@@ -206,8 +206,9 @@ def test_a_crash_is_a_value_with_its_last_lines(tmp_path: Path) -> None:
         import os, sys
         for i in range(30):
             print(f"loading part {i}")
+        sys.stdout.flush()  # in this order whether or not PYTHONUNBUFFERED is set
         print("GGML_ASSERT(ctx) failed", file=sys.stderr)
-        sys.stdout.flush(); sys.stderr.flush()
+        sys.stderr.flush()
         os.abort()
         """,
     )
