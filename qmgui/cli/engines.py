@@ -4,9 +4,12 @@
 `qmgui serve` in another terminal) or none (left by a run that is gone: "left running"). An
 engine runs while the very process recorded does (same pid and start time, not a zombie) or,
 when a wrapper script that started it died, while a member of its process group carries its
-token; stale entries are dropped. `stop PID…` (or `--all`) ends each one's whole process tree
-and group; `adopt PID` watches one until it exits or Ctrl-C stops it (without logs: its output
-went to the run that started it); SIGINT, SIGTERM and SIGHUP stop it alike.
+token; stale entries are dropped. Each line names the model, pid, port, URL and uptime, and
+whether it was detached (`qmgui serve --detach`, "Keep running after quit" or "Leave them
+running" in the window). `stop NAME|PID…` (or `--all`) ends each one's whole process tree and
+group (a model name stops every engine of that model); `adopt PID` watches one until it exits
+or Ctrl-C stops it, printing its log file's lines as they come when it writes one; SIGINT,
+SIGTERM and SIGHUP stop it alike.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import argparse
 import json
 import signal
 import threading
+import time
 from types import FrameType
 from typing import Any, TextIO
 
@@ -22,6 +26,7 @@ from qmgui import notify
 from qmgui.core.errors import EngineError
 from qmgui.core.textsafe import printable
 from qmgui.engines.adopt import Adopted
+from qmgui.engines.ports import HOST, connect_host, url_host
 from qmgui.engines.registry import RunEntry, RunRegistry
 
 EXIT_OK = 0
@@ -48,7 +53,7 @@ def register(sub: Any) -> None:
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_list)
     st = verbs.add_parser("stop", help="stop them (each one's whole process tree)")
-    st.add_argument("pids", metavar="PID", type=int, nargs="*")
+    st.add_argument("pids", metavar="NAME|PID", nargs="*", help="a model name or a pid")
     st.add_argument("--all", action="store_true", help="every survivor")
     st.add_argument("--grace", type=float, default=5.0, help="seconds before SIGKILL")
     st.set_defaults(func=cmd_stop)
@@ -62,9 +67,40 @@ def _owner_words(e: RunEntry) -> str:
     return f"run by qmgui pid {e.owner}" if e.owner_alive() else "left running"
 
 
+def _flag(argv: tuple[str, ...], flag: str) -> str | None:
+    for i, tok in enumerate(argv):
+        if tok == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if tok.startswith(flag + "="):
+            return tok.split("=", 1)[1]
+    return None
+
+
+def url_of(e: RunEntry) -> str | None:
+    """Where to reach it from this machine (loopback for a wildcard host)."""
+    if e.port is None:
+        return None
+    return f"http://{url_host(connect_host(_flag(e.argv, '--host') or HOST))}:{e.port}"
+
+
+def uptime_s(e: RunEntry) -> float:
+    return max(0.0, time.time() - e.create_time)
+
+
+def uptime_words(seconds: float) -> str:
+    s = int(seconds)
+    h, rest = divmod(s, 3600)
+    m, sec = divmod(rest, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
 def _describe(e: RunEntry) -> str:
     port = f"port {e.port}" if e.port is not None else "no known port"
-    return printable(f"{e.pid}  {port}  {_owner_words(e)}  {' '.join(e.argv)}")
+    how = "detached" if e.detached else _owner_words(e)
+    return printable(
+        f"{e.name}  pid {e.pid}  {port}  {url_of(e) or '-'}  up {uptime_words(uptime_s(e))}  "
+        f"{how}  {' '.join(e.argv)}"
+    )
 
 
 def _running(registry: RunRegistry) -> list[RunEntry] | None:
@@ -83,8 +119,14 @@ def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
         json.dump(
             [
                 {
+                    "model": e.name,
+                    "model_id": e.model_id,
                     "pid": e.pid,
                     "port": e.port,
+                    "url": url_of(e),
+                    "uptime_s": round(uptime_s(e), 1),
+                    "detached": e.detached,
+                    "log": e.log_path,
                     "argv": list(e.argv),
                     "pgid": e.pgid,
                     "owner": e.owner if e.owner_alive() else None,
@@ -105,24 +147,38 @@ def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
-def _pick(registry: RunRegistry, pids: list[int]) -> tuple[list[RunEntry], list[int]]:
-    running = {e.pid: e for e in _running(registry) or []}
-    return [running[p] for p in pids if p in running], [p for p in pids if p not in running]
+def _pick(registry: RunRegistry, names: list[str]) -> tuple[list[RunEntry], list[str]]:
+    """The running engines `names` name (a pid, or a model's name or id: every engine of it),
+    and the names that name none."""
+    running = _running(registry) or []
+    found: dict[int, RunEntry] = {}
+    unknown: list[str] = []
+    for name in names:
+        hits = [
+            e
+            for e in running
+            if (name.isdigit() and e.pid == int(name)) or name in (e.model, e.model_id)
+        ]
+        if not hits:
+            unknown.append(name)
+        for e in hits:
+            found.setdefault(e.pid, e)
+    return list(found.values()), unknown
 
 
 def cmd_stop(args: argparse.Namespace, out: TextIO) -> int:
     registry = RunRegistry()
-    unknown: list[int] = []
+    unknown: list[str] = []
     if args.all:
         targets = _running(registry) or []
     elif args.pids:
         targets, unknown = _pick(registry, args.pids)
     else:
-        notify.error("name the engines to stop (PID…) or give --all", source=SOURCE)
+        notify.error("name the engines to stop (NAME or PID…) or give --all", source=SOURCE)
         return EXIT_USAGE
-    for pid in unknown:
+    for name in unknown:
         notify.error(
-            f"{pid} is not an engine qmgui started that still runs; nothing was done",
+            f"{printable(name)} is not an engine qmgui started that still runs; nothing was done",
             source=SOURCE,
         )
     failed = bool(unknown)
@@ -134,13 +190,25 @@ def cmd_stop(args: argparse.Namespace, out: TextIO) -> int:
             failed = True
             continue
         how = "" if result.graceful else " (it ignored the stop signal and was killed)"
-        print(f"stopped {e.pid}{how}", file=out)
+        print(printable(f"stopped {e.pid} ({e.name}){how}"), file=out)
     return EXIT_FAILED if failed else EXIT_OK
+
+
+def _print_new(eng: Adopted, shown: int, out: TextIO) -> int:
+    """Print the log lines that came since the last call (the ring counts them)."""
+    lines = eng.log.tail()
+    total = eng.log.count
+    new = lines[-(total - shown) :] if total > shown else []
+    for line in new:
+        print(printable(line), file=out)
+    if new:
+        out.flush()
+    return total
 
 
 def cmd_adopt(args: argparse.Namespace, out: TextIO) -> int:
     registry = RunRegistry()
-    found, _ = _pick(registry, [args.pid])
+    found, _ = _pick(registry, [str(args.pid)])
     if not found:
         notify.error(f"{args.pid} is not an engine qmgui started that still runs", source=SOURCE)
         return EXIT_FAILED
@@ -153,10 +221,12 @@ def cmd_adopt(args: argparse.Namespace, out: TextIO) -> int:
     handlers = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
     try:
         eng.start()
-        print(f"adopted {eng.pid} {eng.url or '(no known port)'}; no log is available", file=out)
+        logs = "its log follows" if eng.logs else "no log is available"
+        print(f"adopted {eng.pid} {eng.url or '(no known port)'}; {logs}", file=out)
         out.flush()
+        shown = 0
         while not stop.wait(0.2) and not eng.state.final:
-            pass
+            shown = _print_new(eng, shown, out)
         if eng.state.final:
             notify.error(str(eng.outcome), source=SOURCE)
             return EXIT_FAILED

@@ -14,6 +14,14 @@ exits 0. The process becomes a child subreaper (Linux), so a wrapper script's en
 own even when the script dies; if `serve` itself is killed, the engine's group is ended by the
 watchdog (`qmgui.engines.runner`).
 
+`--detach` leaves the engine running on its own: it writes its output to its log file (not to
+`serve`), has its own session, no parent-death signal and no watchdog, and is recorded in the
+run registry as detached (with its model, log file and URL). `serve --detach` prints
+`ready <url>` once the engine answers its health check and exits 0; a load that fails exits 1
+with the engine's reason, and leaves nothing running. `qmgui engines list|stop` and the
+window (which adopts it: state, URL, uptime, its log followed from the file) take it from
+there.
+
 An extra `--host` (e.g. `--extra='--host 0.0.0.0'`) is honoured: the engine listens there, with
 a warning that it is reachable from the network; `ready` names the loopback URL.
 """
@@ -74,6 +82,12 @@ def register(sub: Any) -> None:
         help="default: the model's saved port (chosen from settings' range at its first start)",
     )
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.add_argument(
+        "--detach",
+        action="store_true",
+        help="return once the engine is ready (printing its URL) and leave it running; "
+        "`qmgui engines stop` stops it",
+    )
     p.set_defaults(func=cmd_serve)
 
 
@@ -166,6 +180,8 @@ def _list_survivors(registry: RunRegistry) -> None:
         notify.warning(f"the run registry could not be read: {e}", source=SOURCE)
         return
     for s in survivors:
+        if s.detached:
+            continue  # left running on purpose (`--detach`, the window's "keep running")
         where = f"port {s.port}" if s.port is not None else "no known port"
         notify.warning(
             f"an engine from an earlier run still runs: pid {s.pid} ({where}): "
@@ -203,6 +219,9 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
         downshift=target.kind == "llama" and args.ctx is None,
     )  # fmt: skip
     registry = RunRegistry()
+    if args.detach:
+        sup = Supervisor(spec, registry=registry, detached=True, model_id=entry.id)
+        return _run_detached(sup, out)
     _list_survivors(registry)
     become_subreaper()
     return _run(Supervisor(spec, registry=registry), entry, req, args.json, out)
@@ -235,6 +254,45 @@ def _run(sup: Supervisor, entry: Any, req: Any, as_json: bool, out: TextIO) -> i
     finally:
         if not sup.state.final:
             sup.stop()
+        for s, h in handlers.items():
+            signal.signal(s, h)
+
+
+def _run_detached(sup: Supervisor, out: TextIO) -> int:
+    """Start, wait until ready, print `ready URL` and let go; a failed load is an error (the
+    supervisor stopped what it started). A stop signal while it loads stops it."""
+    if not sup.can_detach:
+        notify.error(
+            f"{sup.spec.name} cannot be detached: its log file {sup.log.path or ''} could not "
+            "be created",
+            source=SOURCE,
+        )
+        return EXIT_FAILED
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    handlers = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
+    try:
+        sup.start()
+        while not stop.is_set() and not sup.wait_ready(0.1) and not sup.state.final:
+            pass
+        if sup.state == State.READY and not stop.is_set():
+            left = sup.release()
+            with contextlib.suppress(OSError):
+                print(f"ready {sup.url}", file=out, flush=True)
+            notify.info(str(left), source=SOURCE)
+            return EXIT_OK
+        if sup.state.final:
+            failed = sup.outcome
+            notify.error(
+                str(failed), source=SOURCE, detail="\n".join(failed.log_tail) if failed else None
+            )
+            return EXIT_FAILED
+        notify.info(str(sup.stop()), source=SOURCE)
+        return EXIT_FAILED
+    finally:
         for s, h in handlers.items():
             signal.signal(s, h)
 

@@ -9,10 +9,21 @@ Logging is best effort: a write that fails (a full disk, a file made read-only) 
 thread keeps draining the engine's pipe, so the engine never blocks on a full pipe and never
 dies of a log. The ring buffer keeps every line whatever the disk does.
 
-Secrets never reach the file nor the ring: every line has the `secrets` given (an `--api-key`
+Secrets never reach the file nor the ring (but see below: a file the engine writes itself
+has its output as it wrote it): every line has the `secrets` given (an `--api-key`
 value, the contents of an `--api-key-file`, `*_TOKEN` / `*_KEY` environment values; see
 `secret_values`) replaced by `<redacted>` before it is kept, so an engine that echoes its
 key does not write it down.
+
+An engine that can be left running writes its output to its log file itself
+(`qmgui.engines.runner.PopenRunner(output=...)`): its sink is made with `from_file=True`, so
+`write_line` (qmgui's own `# qmgui:` lines) only appends to the file, and the supervisor
+following the file hands each line to `remember` for the ring. Such a file is rotated by
+copy and truncate (`truncate_copy`, when the follower has caught up past `MAX_BYTES` and
+nothing came for a poll: the engine's appends go on at the new end; a line written in the
+instant between the copy and the truncation would be lost), and it holds the engine's output
+as it wrote it: the redaction applies to the ring and to qmgui's lines only (the file is
+0600). `follow_file` starts again at the top of a file that was truncated under it.
 
 `prune_logs` keeps the newest `KEEP_PER_MODEL` logs per model and at most `MAX_TOTAL_BYTES`
 in all, deleting the oldest first (a log and its rotated parts count as one); the files this
@@ -24,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import stat
 import threading
 import time
@@ -31,6 +43,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import platformdirs
 
@@ -132,7 +145,12 @@ class LogSink:
         backups: int = BACKUPS,
         secrets: Sequence[str] = (),
         on_error: Callable[[OSError], None] | None = None,
+        from_file: bool = False,
     ) -> None:
+        self.from_file = from_file and path is not None
+        self.rotate_at = max_bytes  # from a file: its follower rotates it (`truncate_copy`)
+        if self.from_file:
+            max_bytes = 1 << 62  # the engine holds the file open: never renamed away
         self._ring: deque[str] = deque(maxlen=ring_lines)
         self._lock = threading.Lock()
         self._max_bytes = max_bytes
@@ -144,6 +162,7 @@ class LogSink:
         self.errors = 0  # lines (or rotations) that could not be written
         self.last_error: OSError | None = None
         self.last_line_at: float | None = None  # time.monotonic() of the latest line
+        self.count = 0  # lines kept in the ring so far (more than it holds, in time)
         self.path = path
         if path is not None:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -156,8 +175,10 @@ class LogSink:
         failure: OSError | None = None
         first = False
         with self._lock:
-            self._ring.append(line)
-            self.last_line_at = time.monotonic()
+            if not self.from_file or self._fd is None:
+                self._ring.append(line)  # from a file, the follower brings it back
+                self.count += 1
+                self.last_line_at = time.monotonic()
             if self._fd is None:
                 return
             try:
@@ -165,6 +186,9 @@ class LogSink:
                 if self._size > self._max_bytes:
                     self._rotate()
             except OSError as e:
+                if self.from_file:
+                    self._ring.append(line)
+                    self.count += 1
                 failure = e
                 first = self.errors == 0
                 self.errors += 1
@@ -172,6 +196,14 @@ class LogSink:
         if failure is not None and first and self._on_error is not None:
             with contextlib.suppress(Exception):  # a listener's fault is not the engine's
                 self._on_error(failure)
+
+    def remember(self, line: str) -> None:
+        """Keep a line read back from the log file in the ring (redacted), not written again."""
+        line = redact_line(line.rstrip("\r\n"), self._secrets)
+        with self._lock:
+            self._ring.append(line)
+            self.count += 1
+            self.last_line_at = time.monotonic()
 
     def _write(self, data: bytes) -> None:
         assert self._fd is not None
@@ -192,6 +224,33 @@ class LogSink:
         os.close(self._fd)
         self._fd = fd
         self._size = 0
+
+    def truncate_copy(self) -> bool:
+        """For a file the engine writes itself: its content becomes the first backup (older
+        ones move up) and it is emptied; the engine's appends go on at its new end. False
+        (counted as an error) when that failed."""
+        with self._lock:
+            if self.path is None:
+                return False
+            try:
+                for i in range(self._backups, 1, -1):
+                    src = self.path.with_name(f"{self.path.name}.{i - 1}")
+                    if src.exists():
+                        os.replace(src, self.path.with_name(f"{self.path.name}.{i}"))
+                backup = self.path.with_name(f"{self.path.name}.1")
+                with contextlib.suppress(FileNotFoundError):
+                    backup.unlink()
+                with open(self.path, "rb") as src_f:
+                    fd = os.open(backup, _FLAGS, 0o600)
+                    with os.fdopen(fd, "wb") as dst_f:
+                        shutil.copyfileobj(src_f, dst_f)
+                os.truncate(self.path, 0)
+                self._size = 0
+            except OSError as e:
+                self.errors += 1
+                self.last_error = e
+                return False
+        return True
 
     def tail(self, n: int | None = None) -> list[str]:
         """The last `n` lines kept in memory (all kept ones by default)."""
@@ -296,3 +355,92 @@ def prune_logs(
                 f.unlink()
                 deleted.append(f)
     return deleted
+
+
+FOLLOW_POLL_S = 0.05
+FOLLOW_CHUNK = 1 << 16  # the longest line kept whole; a longer one is split
+
+
+def follow_file(
+    path: Path,
+    sink: LogSink,
+    *,
+    offset: int = 0,
+    done: Callable[[], bool] = lambda: False,
+    halt: threading.Event | None = None,
+    poll_s: float = FOLLOW_POLL_S,
+    rotate: bool = False,
+) -> int:
+    """Hand every line written to `path` from `offset` on to `sink.remember`, until `done()`
+    was true before a read that found nothing more (the writer ended: all it wrote is read)
+    or `halt` is set. Returns the offset after the last whole line read (where to go on).
+    With `rotate`, a file read past `sink.rotate_at` is rotated (`sink.truncate_copy`); a
+    file that shrank under it (rotated by another) is read again from its top."""
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - closed below, on every path
+    except OSError:
+        return offset
+    pending = b""
+    quiet = False  # nothing came for a whole poll: the moment to rotate (a writer is idle)
+    with f:
+        f.seek(offset)
+        while True:
+            finished = done()
+            try:
+                chunk = f.read(FOLLOW_CHUNK)
+            except OSError:
+                chunk = b""
+                finished = True
+            if chunk:
+                quiet = False
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                if len(pending) >= FOLLOW_CHUNK:
+                    lines.append(pending)
+                    pending = b""
+                for raw in lines:
+                    with contextlib.suppress(Exception):  # a line lost, never the follower
+                        sink.remember(raw.decode("utf-8", errors="replace"))
+                continue
+            if finished or (halt is not None and halt.is_set()):
+                if pending and finished:
+                    sink.remember(pending.decode("utf-8", errors="replace"))
+                    pending = b""
+                return f.tell() - len(pending)
+            if _back_to_top(f, sink, rotate=rotate and quiet and not pending):
+                pending = b""
+                continue
+            if halt is not None:
+                halt.wait(poll_s)
+            else:
+                time.sleep(poll_s)
+            quiet = True
+
+
+def _back_to_top(f: IO[bytes], sink: LogSink, *, rotate: bool) -> bool:
+    """Caught up with the file: seek to its top when it was truncated under the reader (a
+    rotation by another) or, with `rotate`, when it is past `sink.rotate_at` and was rotated."""
+    try:
+        size = os.fstat(f.fileno()).st_size
+    except OSError:
+        size = f.tell()
+    if size < f.tell() or (rotate and f.tell() >= sink.rotate_at and sink.truncate_copy()):
+        f.seek(0)
+        return True
+    return False
+
+
+def tail_offset(path: Path, max_bytes: int) -> int:
+    """Where the last `max_bytes` of `path` start, moved to the start of a line (0 when the
+    file is shorter or unreadable)."""
+    try:
+        size = path.stat().st_size
+        if size <= max_bytes:
+            return 0
+        with open(path, "rb") as f:
+            f.seek(size - max_bytes)
+            rest = f.read(max_bytes)
+    except OSError:
+        return 0
+    cut = rest.find(b"\n")
+    return size - max_bytes + (cut + 1 if cut >= 0 else 0)

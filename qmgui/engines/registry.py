@@ -4,7 +4,10 @@ adopt or stop them.
 A JSON file (`engines.json` under `platformdirs.user_state_dir("qmgui")`, or `$QMGUI_STATE_DIR`)
 with, per engine: pid, create_time, argv (its secrets redacted), port, its process group
 (`pgid`), the token every process of the engine carries in its environment
-(`QMGUI_ENGINE_TOKEN`), and the qmgui process that runs it (`owner`, `owner_create_time`).
+(`QMGUI_ENGINE_TOKEN`), and the qmgui process that runs it (`owner`, `owner_create_time`);
+for an engine that can be left running also its log file (`log_path`: it writes there
+itself), the model (`model`, `model_id`), its extra environment (`env`, secrets redacted) and
+whether it was left running (`detached`: no qmgui watches it, it outlives them all).
 
 Every change is a read-modify-write under an advisory lock (`engines.json.lock`, the `filelock`
 package) with the file re-read inside the lock, and the write is atomic (a temporary file
@@ -13,7 +16,9 @@ renamed over it), so qmgui processes started together never lose each other's en
 An engine runs while its first process does (same pid *and* create_time, not a zombie) or,
 when that one is gone (a wrapper script that died), while a live member of its group carries
 its token. Entries of engines that no longer run are stale: `running()` drops them from the
-file. `survivors()` are the running engines whose qmgui is gone (left by an earlier run).
+file. `survivors()` are the running engines whose qmgui is gone (left by an earlier run);
+`adoptable()` adds the detached ones (a window left them, it may still run): what a qmgui
+that starts offers to adopt.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import os
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,12 +39,13 @@ import psutil
 
 from qmgui import notify
 from qmgui.core.errors import EngineError
-from qmgui.core.textsafe import redact_argv
+from qmgui.core.textsafe import redact_argv, redact_env
 from qmgui.engines.runner import (
     SAME_PROCESS_S,
     StopResult,
     group_members,
     is_running,
+    process_identity,
     terminate_tree,
 )
 
@@ -67,6 +73,16 @@ class RunEntry:
     token: str | None = None  # in the environment of every process of the engine
     owner: int | None = None  # the qmgui process that runs it
     owner_create_time: float | None = None
+    detached: bool = False  # left running: no qmgui's watchdog ends it
+    log_path: str | None = None  # the file it writes its output to (it can be left running)
+    model: str | None = None  # the model's name, as the window and `engines list` show it
+    model_id: str | None = None
+    env: dict[str, str] | None = None  # what it got on top of qmgui's environment (redacted)
+
+    @property
+    def name(self) -> str:
+        """The model's name, else its executable's."""
+        return self.model or (Path(self.argv[0]).name if self.argv else f"pid {self.pid}")
 
     def root_alive(self) -> bool:
         """The very process that was recorded still runs (not a reused pid, not a zombie)."""
@@ -117,6 +133,11 @@ def _entry(e: Any) -> RunEntry:
         opt("token", str),
         opt("owner", int),
         opt("owner_create_time", float),
+        bool(e.get("detached", False)),
+        opt("log_path", str),
+        opt("model", str),
+        opt("model_id", str),
+        opt("env", lambda v: {str(k): str(x) for k, x in dict(v).items()}),
     )
 
 
@@ -191,7 +212,8 @@ class RunRegistry:
 
     def record(self, entry: RunEntry) -> None:
         """Add (or replace, by pid) one engine; its argv is written with secrets redacted."""
-        entry = RunEntry(**{**asdict(entry), "argv": redact_argv(entry.argv)})
+        env = None if entry.env is None else redact_env(entry.env)
+        entry = RunEntry(**{**asdict(entry), "argv": redact_argv(entry.argv), "env": env})
         with self._locked():
             entries = [e for e in self._read() if e.pid != entry.pid]
             self._write([*entries, entry])
@@ -202,6 +224,24 @@ class RunRegistry:
             kept = [e for e in entries if e.pid != pid]
             if len(kept) != len(entries):
                 self._write(kept)
+
+    def mark_detached(self, pid: int, detached: bool) -> RunEntry | None:
+        """Record that engine `pid` is left running (or taken back, owned by this process);
+        the entry as it is now, None when it is not recorded."""
+        with self._locked():
+            entries = self._read()
+            found = next((e for e in entries if e.pid == pid), None)
+            if found is None:
+                return None
+            me = os.getpid()
+            changed = replace(
+                found,
+                detached=detached,
+                owner=found.owner if detached else me,
+                owner_create_time=found.owner_create_time if detached else process_identity(me),
+            )
+            self._write([changed if e.pid == pid else e for e in entries])
+            return changed
 
     def entries(self) -> list[RunEntry]:
         """Everything recorded, stale entries included."""
@@ -222,6 +262,10 @@ class RunRegistry:
     def survivors(self) -> list[RunEntry]:
         """Running engines whose qmgui is gone: left by an earlier run, to adopt or stop."""
         return [e for e in self.running() if not e.owner_alive()]
+
+    def adoptable(self) -> list[RunEntry]:
+        """What a qmgui that starts offers to adopt: the survivors and the detached engines."""
+        return [e for e in self.running() if e.detached or not e.owner_alive()]
 
     def stop(self, entry: RunEntry, *, grace_s: float = 5.0) -> StopResult:
         """Stop an engine (its first process when it is still the recorded one, and every

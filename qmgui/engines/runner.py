@@ -2,8 +2,7 @@
 
 Tests substitute a fake runner to inject faults a real engine cannot be made to produce.
 
-No engine outlives qmgui, whatever dies (an engine a later issue marks "detached" is the one
-exception, and it is not started here):
+No engine outlives qmgui, whatever dies, unless it was *detached* (below):
 
 - `PopenRunner` starts each engine in its own session, so its process group (pgid = the
   engine's pid) holds the engine and everything it starts: a wrapper script's llama-server
@@ -25,6 +24,17 @@ exception, and it is not started here):
 - every engine carries `QMGUI_ENGINE_TOKEN` in its environment (inherited by what it starts):
   a later qmgui recognises the members of a recorded group by it, never by a pgid alone (pids,
   and so group ids, are reused).
+
+Detached engines. `PopenRunner(output=PATH)` starts an engine that *can* be left running:
+its stdout and stderr go straight to the log file `PATH` (appended; stdin is /dev/null), not
+to a pipe that would break (EPIPE, SIGPIPE) once qmgui exits, and it gets no parent-death
+signal (which cannot be undone after the fork); it still has its own session and is still
+watched by the watchdog, so it dies with qmgui like any other engine until it is left:
+`watchdog.unwatch(pgid)` (and the run registry marking it detached) is what leaving is, and
+`watchdog.watch(pgid)` takes it back. `PopenRunner(output=PATH, detached=True)` starts one
+that is never watched (`qmgui serve --detach`). The supervisor follows the log file instead of
+the pipe. On Windows a detached engine does not join the Job Object, and an engine that joined
+it cannot be left.
 
 On Windows each child joins a Job Object created with KILL_ON_JOB_CLOSE: when qmgui's handle
 to the job closes (qmgui exits or is killed) Windows ends every process in it. (The Windows
@@ -171,45 +181,75 @@ if sys.platform == "win32":
             k32.AssignProcessToJobObject(_kill_on_close_job(), int(proc._handle))  # type: ignore[attr-defined]
 
 
+_OUTPUT_FLAGS = os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+_OUTPUT_FLAGS |= getattr(os, "O_NOFOLLOW", 0)
+_DETACHED_PROCESS = 0x00000008  # Windows: no console of qmgui's
+
+
 class PopenRunner:
-    """Real processes: own process group, die with qmgui (Linux: parent-death signal;
-    Windows: a kill-on-close Job Object)."""
+    """Real processes: own process group, die with qmgui (Linux: parent-death signal and the
+    watchdog; Windows: a kill-on-close Job Object).
+
+    With `output` the engine writes to that file (which must exist) and can be left running
+    (no parent-death signal; still watched); with `detached` too it is never watched."""
+
+    def __init__(self, *, output: str | os.PathLike[str] | None = None, detached: bool = False):
+        if detached and output is None:
+            raise EngineError("a detached engine needs a log file for its output")
+        self.output = None if output is None else os.fspath(output)
+        self.detached = detached
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str] | None) -> Child:
-        if sys.platform != "win32":
+        watched = sys.platform != "win32" and not self.detached
+        if watched:
             watchdog.start()  # before the first engine: it must be there if qmgui dies next
         child = _spawner.submit(self._popen, list(argv), env).result()
-        if sys.platform != "win32":
+        if watched:
             watchdog.watch(child.pid)  # its own session: the pgid is its pid
         return child
 
-    @staticmethod
-    def _popen(argv: list[str], env: Mapping[str, str] | None) -> Child:
+    def _popen(self, argv: list[str], env: Mapping[str, str] | None) -> Child:
+        out_fd = None if self.output is None else os.open(self.output, _OUTPUT_FLAGS)
+        try:
+            return self._popen_to(argv, env, out_fd)
+        finally:
+            if out_fd is not None:
+                os.close(out_fd)
+
+    def _popen_to(
+        self, argv: list[str], env: Mapping[str, str] | None, out_fd: int | None
+    ) -> Child:
         parent = os.getpid()
         preexec = None
-        if sys.platform.startswith("linux"):
+        if sys.platform.startswith("linux") and out_fd is None:
 
             def preexec() -> None:
                 _death_signal_preexec(parent)
 
+        stdout: int = subprocess.PIPE if out_fd is None else out_fd
+        full_env = None if env is None else {**os.environ, **env}
         if sys.platform == "win32":
+            flags = subprocess.CREATE_NEW_PROCESS_GROUP
+            if self.detached:
+                flags |= _DETACHED_PROCESS
             proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
+                stdout=stdout,
                 stderr=subprocess.STDOUT,
-                creationflags=subprocess.CREATE_NEW_PROCESS_GROUP,
-                env=None if env is None else {**os.environ, **env},
+                creationflags=flags,
+                env=full_env,
             )
-            _join_job(proc)
+            if not self.detached:
+                _join_job(proc)
             return proc
         return subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
+            stdout=stdout,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env=None if env is None else {**os.environ, **env},
+            env=full_env,
             preexec_fn=preexec,  # noqa: PLW1509 - async-signal-safe: prctl and getppid only
         )
 

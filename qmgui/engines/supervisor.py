@@ -25,6 +25,14 @@ the notifier; the final outcome says how many restarts happened. With `spec.idle
 engine is stopped once no activity was marked (`touch()`, e.g. by a proxy) for that long since
 it became ready or was last touched.
 
+An engine started with `output_file=True` can be left running (`qmgui.engines.runner`): it
+writes to its log file itself and the supervisor follows that file (from where the previous
+attempt stopped) into the ring, so the log view, the failure sentences and the readback work
+as with a pipe. `set_detached(True)` leaves it (the watchdog forgets its group, the run
+registry marks it detached: it outlives qmgui); `release()` then lets go of it without
+stopping it: the supervisor ends STOPPED with a LEFT_RUNNING outcome and the registry keeps
+its entry for a later qmgui to adopt. `detached=True` starts it left (`qmgui serve --detach`).
+
 Thread-safe. State callbacks run on the supervisor's threads (or the caller of `stop`), after
 its lock is released; a GUI marshals them to its own thread.
 """
@@ -36,6 +44,7 @@ import enum
 import itertools
 import os
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -50,7 +59,14 @@ from qmgui.core.readback import FailureKind, parse_llama_log
 from qmgui.core.textsafe import printable, redact_argv, redact_env
 from qmgui.engines import oom
 from qmgui.engines.health import Health, check_health
-from qmgui.engines.logs import LogSink, log_dir, log_name, prune_logs, secret_values
+from qmgui.engines.logs import (
+    LogSink,
+    follow_file,
+    log_dir,
+    log_name,
+    prune_logs,
+    secret_values,
+)
 from qmgui.engines.ports import (
     HOST,
     connect_host,
@@ -120,6 +136,7 @@ class OutcomeKind(str, enum.Enum):
     KILLED_BY_SIGNAL = "killed_by_signal"
     CRASHED = "crashed"
     IDLE = "idle"  # stopped by qmgui after its idle limit
+    LEFT_RUNNING = "left_running"  # let go of, still running (detached)
 
 
 @dataclass(frozen=True)
@@ -136,7 +153,7 @@ class Outcome:
     log_errors: int = 0  # output lines that could not be written to the log file
 
     def was_successful(self) -> bool:
-        return self.kind in (OutcomeKind.STOPPED, OutcomeKind.IDLE)
+        return self.kind in (OutcomeKind.STOPPED, OutcomeKind.IDLE, OutcomeKind.LEFT_RUNNING)
 
     def __str__(self) -> str:
         return self.message
@@ -273,10 +290,17 @@ class Supervisor:
         stop_signal: int = signal.SIGTERM,
         ring_lines: int = 2000,
         on_state: StateCallback | None = None,
+        output_file: bool = False,
+        detached: bool = False,
+        model_id: str = "",
     ) -> None:
         self.spec = spec
-        self._runner: Runner = runner or PopenRunner()
         self._registry = registry
+        self.model_id = model_id
+        self.detached = detached
+        self._released = False
+        self._unfollow = threading.Event()
+        self._follow_at = 0
         self._notifier = notifier
         self._poll_s = poll_s
         self._stop_grace_s = stop_grace_s
@@ -307,13 +331,32 @@ class Supervisor:
         secrets = secret_values(spec.argv, spec.env)
         try:
             self.log = LogSink(
-                path, ring_lines=ring_lines, secrets=secrets, on_error=self._log_failed
+                path,
+                ring_lines=ring_lines,
+                secrets=secrets,
+                on_error=self._log_failed,
+                from_file=output_file or detached,
             )
         except OSError as e:  # a log file is not worth failing: memory only, said once
             self.log = LogSink(None, ring_lines=ring_lines, secrets=secrets)
             self._log_failed(e, path)
         else:
-            prune_logs(folder)
+            prune_logs(folder, protect=self._live_logs())
+        # an engine that writes its own log file can be left running; without a file, not
+        # (nor, on Windows, one that joined qmgui's kill-on-close job: only one started left)
+        self.can_detach = self.log.from_file and (sys.platform != "win32" or detached)
+        if runner is None and self.log.from_file:
+            runner = PopenRunner(output=self.log.path, detached=detached)
+        self._runner: Runner = runner or PopenRunner()
+
+    def _live_logs(self) -> list[Path]:
+        """The log files of engines in the registry (a detached one still writes its own)."""
+        if self._registry is None:
+            return []
+        try:
+            return [Path(e.log_path) for e in self._registry.entries() if e.log_path]
+        except EngineError:
+            return []
 
     def _log_failed(self, e: OSError, path: Path | None = None) -> None:
         where = path or self.log.path
@@ -424,7 +467,7 @@ class Supervisor:
             self._ready.set()
         if state.final:
             self.log.close()
-            if self._registry is not None and attempt is not None:
+            if self._registry is not None and attempt is not None and not self._released:
                 try:
                     self._registry.remove(attempt.pid)
                 except EngineError as e:
@@ -548,11 +591,19 @@ class Supervisor:
                         token,
                         os.getpid(),
                         process_identity(os.getpid()),
+                        detached=self.detached,
+                        log_path=str(self.log.path) if self.log.from_file else None,
+                        model=self.spec.name,
+                        model_id=self.model_id or None,
+                        env=dict(self.spec.env) if self.spec.env else None,
                     )
                 )
             except EngineError as e:
                 notify.notifier.warning(str(e), source=_SOURCE)
-        attempt.reader = threading.Thread(target=self._read, args=(child,), daemon=True)
+        if child.stdout is None and self.log.from_file:
+            attempt.reader = threading.Thread(target=self._follow, args=(attempt,), daemon=True)
+        else:
+            attempt.reader = threading.Thread(target=self._read, args=(child,), daemon=True)
         attempt.reader.start()
         threading.Thread(target=self._reap, args=(attempt,), daemon=True).start()
         return attempt
@@ -594,6 +645,20 @@ class Supervisor:
         finally:
             with contextlib.suppress(OSError, ValueError):
                 stream.close()
+
+    def _follow(self, attempt: _Attempt) -> None:
+        """Copy what the engine writes to its log file into the ring, from where the last
+        attempt's follower stopped, until it exited (and all it wrote is read) or it is let go."""
+        assert self.log.path is not None
+        self._follow_at = follow_file(
+            self.log.path,
+            self.log,
+            offset=self._follow_at,
+            done=attempt.exited.is_set,
+            halt=self._unfollow,
+            poll_s=self._poll_s,
+            rotate=True,
+        )
 
     def _reap(self, attempt: _Attempt) -> None:
         attempt.returncode = attempt.child.wait()
@@ -848,6 +913,73 @@ class Supervisor:
         self.downshifts.append((ctx, smaller))
         self._say(f"{self.spec.name} {cause} at context {ctx}; restarting it at context {smaller}.")
         return oom.with_ctx(argv, smaller), 0
+
+    # -- leave running -------------------------------------------------------------------
+
+    def set_detached(self, detached: bool) -> None:
+        """Leave the engine running when qmgui ends (True), or take it back to end with it
+        (False): the watchdog forgets (learns) its group and the run registry says so.
+        EngineError when it cannot be left (its output goes to a pipe: no log file)."""
+        if detached and not self.can_detach:
+            raise EngineError(
+                f"{self.spec.name} cannot be left running: its output goes to qmgui, not to a "
+                "log file"
+            )
+        with self._spawn_lock, self._lock:
+            self.detached = detached
+            attempt = self._attempt
+            if isinstance(self._runner, PopenRunner) and self._runner.output is not None:
+                self._runner.detached = detached  # a restart after a crash: the same
+        if attempt is None or attempt.pgid is None:
+            return  # the next attempt is recorded and watched as `detached` says
+        if detached:
+            watchdog.unwatch(attempt.pgid)
+        else:
+            watchdog.watch(attempt.pgid)
+        if self._registry is not None:
+            self._registry.mark_detached(attempt.pid, detached)
+
+    def release(self) -> Outcome:
+        """Let go of a detached engine without stopping it: the supervisor ends (STOPPED,
+        LEFT_RUNNING) and the run registry keeps it for a later qmgui to adopt."""
+        with self._lock:
+            attempt = self._attempt
+        if attempt is None or attempt.exited.is_set():
+            return self.stop()  # nothing runs to be left
+        if not self.detached:
+            self.set_detached(True)
+        if not self._claim():
+            self._final.wait(READER_JOIN_S + 1)
+            return self.outcome or Outcome(OutcomeKind.STOPPED, f"{self.spec.name} ended.")
+        with self._lock:
+            self._released = True
+            attempt = self._attempt
+        self._unfollow.set()
+        self._stop_requested.set()
+        self._wake.set()
+        if attempt is not None and attempt.reader is not None:
+            attempt.reader.join(READER_JOIN_S)
+        if self._monitor is not None and self._monitor is not threading.current_thread():
+            self._monitor.join(READER_JOIN_S + 1)
+        where = f" at {self.url}" if self.url else ""
+        pid = f" (pid {attempt.pid})" if attempt is not None else ""
+        outcome = Outcome(
+            OutcomeKind.LEFT_RUNNING,
+            f"{self.spec.name}{pid} was left running{where}; "
+            "`qmgui engines stop` or a later qmgui stops it.",
+            None,
+            tuple(self.log.tail(TAIL_LINES)),
+            str(self.log.path) if self.log.path else None,
+            self.restarts,
+            log_errors=self.log.errors,
+        )
+        self._set_state(State.STOPPED, outcome)
+        return self.outcome or outcome
+
+    @property
+    def released(self) -> bool:
+        with self._lock:
+            return self._released
 
     # -- stop ----------------------------------------------------------------------------
 

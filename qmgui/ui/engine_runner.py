@@ -11,6 +11,16 @@ total memory) on the supervisor's thread, never on the GUI's.
 
 The first start makes the window's process a child subreaper (Linux): a wrapper script's
 engine stays the window's own when the script dies (`qmgui.engines.runner`).
+
+Every engine the window starts writes its output to its log file (followed by its supervisor),
+so it can be left running: `set_keep(id, True)` ("Keep running after quit") detaches it (the
+watchdog forgets it, the run registry marks it detached) and at quit it is let go of, not
+stopped; `leave_all()` ("Leave them running") does that for every running engine. Engines not
+kept die with the window, however it ends. `adopt_survivors()` (at the window's start) takes
+in the engines an earlier qmgui left: detached ones (kept running past this window too) and
+survivors of a qmgui that died (they end with this window unless kept), each shown with its
+state, URL, uptime and log (its log file, followed from where it is), and Stop and Restart
+(the same command, started again).
 """
 
 from __future__ import annotations
@@ -25,10 +35,12 @@ from PySide6.QtCore import QObject, Qt, Signal
 
 from qmgui import notify
 from qmgui.core.discovery import ModelEntry
+from qmgui.core.errors import EngineError
 from qmgui.core.footprint import Footprint
 from qmgui.core.readback import parse_llama_log
+from qmgui.engines.adopt import Adopted
 from qmgui.engines.model_ports import port_for_start
-from qmgui.engines.registry import RunRegistry
+from qmgui.engines.registry import RunEntry, RunRegistry
 from qmgui.engines.residuals import readback
 from qmgui.engines.runner import become_subreaper
 from qmgui.engines.supervisor import EngineSpec, State, Supervisor
@@ -95,19 +107,32 @@ class Engine:
     busy: bool = False  # a start, stop or restart is on its way
     model_id: str = ""
     started_at: float = field(default_factory=time.monotonic)
+    adopted: Adopted | None = None  # one an earlier qmgui left running, until restarted
+    keep: bool = False  # keep running after quit (detached)
+
+    @property
+    def handle(self) -> Supervisor | Adopted | None:
+        """What runs it now: its supervisor, or the adopted engine's watcher."""
+        return self.supervisor if self.supervisor is not None else self.adopted
 
     @property
     def state(self) -> State:
-        if self.supervisor is None:
+        handle = self.handle
+        if handle is None:
             return State.FAILED if self.error else State.STARTING
-        return self.supervisor.state
+        return handle.state
 
     @property
     def url(self) -> str | None:
-        return self.supervisor.url if self.supervisor is not None else None
+        handle = self.handle
+        return handle.url if handle is not None else None
 
     def uptime_s(self) -> float | None:
-        if self.ready_at is None or self.state != State.READY:
+        if self.state != State.READY:
+            return None
+        if self.supervisor is None and self.adopted is not None:
+            return self.adopted.uptime_s()  # since its process started
+        if self.ready_at is None:
             return None
         return time.monotonic() - self.ready_at
 
@@ -116,7 +141,7 @@ class Engine:
         """When it last did something (monotonic): the latest line it logged (llama-server
         logs every request), else when it became ready or was started."""
         latest = self.ready_at or self.started_at
-        sup = self.supervisor
+        sup = self.handle
         if sup is not None and sup.log.last_line_at is not None:
             latest = max(latest, sup.log.last_line_at)
         return latest
@@ -129,6 +154,7 @@ class EngineRunner(QObject):
     changed = Signal(int)
     added = Signal(int)
     _state = Signal(int, object)  # id, State: posted from the supervisor's threads
+    _found = Signal(object)  # list[RunEntry] to adopt: posted from a worker thread
 
     def __init__(self, parent: QObject | None = None, *, registry: bool = True) -> None:
         super().__init__(parent)
@@ -140,6 +166,7 @@ class EngineRunner(QObject):
         # its own settings path); None: chosen and saved on the worker (`port_for_start`)
         self.port_for: Callable[[ModelEntry], int] | None = None
         self._state.connect(self._on_state, Qt.ConnectionType.QueuedConnection)
+        self._found.connect(self._adopt, Qt.ConnectionType.QueuedConnection)
 
     # --- commands (GUI thread) ----------------------------------------------------------------
     def start(
@@ -171,14 +198,15 @@ class EngineRunner(QObject):
             engine, sup = claimed
             self._spawn(f"stop-{eid}", lambda: self._stop(engine, sup))
 
-    def _claim_for_stop(self, eid: int) -> tuple[Engine, Supervisor] | None:
+    def _claim_for_stop(self, eid: int) -> tuple[Engine, Supervisor | Adopted] | None:
         """Mark a running engine busy for a stop; None when there is nothing to stop now."""
         engine = self.engines.get(eid)
-        if engine is None or engine.supervisor is None or engine.busy:
+        handle = engine.handle if engine is not None else None
+        if engine is None or handle is None or engine.busy:
             return None
         engine.busy = True
         self.changed.emit(eid)
-        return engine, engine.supervisor
+        return engine, handle
 
     def restart(self, eid: int) -> None:
         engine = self.engines.get(eid)
@@ -186,8 +214,34 @@ class EngineRunner(QObject):
             return
         engine.busy = True
         self.changed.emit(eid)
-        old = engine.supervisor
+        old = engine.handle
         self._spawn(f"restart-{eid}", lambda: self._restart(engine, old))
+
+    def set_keep(self, eid: int, keep: bool) -> None:
+        """Keep engine `eid` running after quit (detached), or make it end with qmgui again."""
+        engine = self.engines.get(eid)
+        if engine is None or engine.keep == keep:
+            return
+        engine.keep = keep
+        self.changed.emit(eid)
+        handle = engine.handle
+        if handle is not None and not handle.state.final:
+            self._spawn(f"keep-{eid}", lambda: self._set_detached(engine, handle, keep))
+
+    def _set_detached(self, engine: Engine, handle: Supervisor | Adopted, keep: bool) -> None:
+        try:
+            handle.set_detached(keep)
+            if keep:
+                notify.info(
+                    f"{engine.name} will keep running after qmgui quits (qmgui adopts it when "
+                    "it starts again; `qmgui engines stop` stops it)",
+                    source=SOURCE,
+                )
+        except EngineError as e:
+            engine.keep = not keep
+            notify.error(str(e), source=SOURCE)
+        finally:
+            self._post(engine.id, engine.state)
 
     def remove(self, eid: int) -> None:
         """Forget an engine that has ended."""
@@ -200,18 +254,89 @@ class EngineRunner(QObject):
         return [e for e in self.engines.values() if not e.state.final]
 
     def stop_all(self, grace_s: float = STOP_GRACE_S) -> None:
-        """Stop every engine this runner started and wait for it (the quit path)."""
+        """The quit path: stop every engine, but let go of those kept running (detached);
+        waits for it."""
         self.wait()
-        sups = [e.supervisor for e in self.engines.values() if e.supervisor is not None]
-        threads = [
-            threading.Thread(target=s.stop, args=(grace_s,), daemon=True)
-            for s in sups
-            if not s.state.final
-        ]
+        threads = []
+        for e in self.engines.values():
+            handle = e.handle
+            if handle is None or handle.state.final:
+                continue
+            if e.keep:
+                threads.append(threading.Thread(target=self._leave, args=(e, handle), daemon=True))
+            else:
+                threads.append(threading.Thread(target=handle.stop, args=(grace_s,), daemon=True))
         for t in threads:
             t.start()
         for t in threads:
             t.join(2 * grace_s + 10)
+
+    def leave_all(self, grace_s: float = STOP_GRACE_S) -> None:
+        """At quit, "Leave them running": every running engine is kept, then let go of."""
+        for e in self.engines.values():
+            e.keep = True
+        self.stop_all(grace_s)
+
+    def _leave(self, engine: Engine, handle: Supervisor | Adopted) -> None:
+        try:
+            notify.info(str(handle.release()), source=SOURCE)
+        except EngineError as e:  # it cannot be left (no log file): it ends with qmgui
+            notify.error(f"{e}; it is stopped", source=SOURCE)
+            handle.stop(STOP_GRACE_S)
+
+    def adopt_survivors(self) -> None:
+        """Take in, off the GUI thread, the engines an earlier qmgui left running."""
+        if self._registry is None:
+            return
+        registry = self._registry
+        mine = {h.pid for e in self.engines.values() if (h := e.handle) is not None and h.pid}
+
+        def find() -> None:
+            try:
+                found = [e for e in registry.adoptable() if e.pid not in mine]
+            except EngineError as e:
+                notify.warning(f"engines left running could not be listed: {e}", source=SOURCE)
+                return
+            if found:
+                with contextlib.suppress(RuntimeError):  # the window is gone
+                    self._found.emit(found)
+
+        self._spawn("adopt", find)
+
+    def _adopt(self, entries: object) -> None:
+        """GUI thread: one row per engine found, watched by an `Adopted`."""
+        assert isinstance(entries, list)
+        known = {h.pid for e in self.engines.values() if (h := e.handle) is not None}
+        for entry in entries:
+            assert isinstance(entry, RunEntry)
+            if entry.pid in known:
+                continue
+            eid = self._next
+            self._next += 1
+            engine = Engine(
+                eid, entry.name, None, None, model_id=entry.model_id or "", keep=entry.detached
+            )
+
+            def on_state(a: Adopted, state: State, engine: Engine = engine) -> None:
+                if a is engine.adopted and engine.supervisor is None:
+                    self._post(engine.id, state)
+
+            adopted = Adopted(entry, registry=self._registry, on_state=on_state)
+            try:
+                engine.spec = adopted.spec()
+            except EngineError as e:
+                engine.error = str(e)  # shown as the state's tip; Restart is off
+            engine.adopted = adopted
+            self.engines[eid] = engine
+            adopted.start()
+            if not entry.detached:  # a survivor of a qmgui that died: it ends with this one
+                self._spawn(f"own-{eid}", lambda a=adopted: a.set_detached(False))
+            self.added.emit(eid)
+            notify.info(
+                f"adopted {entry.name} (pid {entry.pid}) left running by an earlier qmgui"
+                + (f" at {adopted.url}" if adopted.url else ""),
+                source=SOURCE,
+            )
 
     def wait(self, timeout: float = JOIN_S) -> None:
         """Join the start/stop/restart threads running now."""
@@ -232,7 +357,13 @@ class EngineRunner(QObject):
 
     def _launch(self, engine: Engine, spec: EngineSpec) -> None:
         become_subreaper()
-        sup = Supervisor(spec, registry=self._registry)
+        sup = Supervisor(
+            spec,
+            registry=self._registry,
+            output_file=True,  # so that it can be left running
+            detached=engine.keep,
+            model_id=engine.model_id,
+        )
 
         def on_state(s: Supervisor, state: State) -> None:
             if s is not engine.supervisor:
@@ -251,6 +382,7 @@ class EngineRunner(QObject):
         engine.ready_at = None
         engine.memory = None
         engine.supervisor = sup
+        engine.adopted = None  # a restarted adopted engine is this window's own now
         sup.subscribe(on_state)
         sup.start()
 
@@ -267,7 +399,7 @@ class EngineRunner(QObject):
             engine.busy = False
             self._post(engine.id, engine.state)
 
-    def _stop(self, engine: Engine, sup: Supervisor) -> None:
+    def _stop(self, engine: Engine, sup: Supervisor | Adopted) -> None:
         try:
             outcome = sup.stop(STOP_GRACE_S)
             notify.info(str(outcome), source=SOURCE)
@@ -277,7 +409,7 @@ class EngineRunner(QObject):
             engine.busy = False
             self._post(engine.id, engine.state)
 
-    def _restart(self, engine: Engine, old: Supervisor | None) -> None:
+    def _restart(self, engine: Engine, old: Supervisor | Adopted | None) -> None:
         try:
             if old is not None and not old.state.final:
                 old.stop(STOP_GRACE_S)

@@ -1,7 +1,9 @@
-"""The engines this window started: model, state, URL, uptime and planned vs actual memory,
-the selected engine's log (followed on a timer from the supervisor's ring buffer), and Copy
-URL / Stop / Restart. It shows what its `EngineRunner` holds and asks it to act; the runner
-does the blocking work on its own threads."""
+"""The engines this window started or adopted: model, state, URL, uptime and planned vs actual
+memory, the selected engine's log (followed on a timer from the supervisor's ring buffer, or
+the adopted engine's, filled from its log file), and Copy URL / Stop / Restart and "Keep
+running after quit" (per engine: it is left running, detached, when qmgui quits). It shows
+what its `EngineRunner` holds and asks it to act; the runner does the blocking work on its own
+threads."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QFontDatabase, QGuiApplication
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QCheckBox,
     QHBoxLayout,
     QHeaderView,
     QLabel,
@@ -74,6 +77,11 @@ class EnginesPanel(QWidget):
         self.stop_button.setToolTip("Stop the selected engine (its whole process tree)")
         self.restart_button = QPushButton("Restart", self)
         self.restart_button.setToolTip("Stop the selected engine and start it again")
+        self.keep_box = QCheckBox("Keep running after quit", self)
+        self.keep_box.setToolTip(
+            "Leave the selected engine running when qmgui quits; qmgui adopts it when it "
+            "starts again (`qmgui engines stop` stops it)"
+        )
 
         self.table = self._build_table()
         self.log = self._build_log()
@@ -84,6 +92,7 @@ class EnginesPanel(QWidget):
         top.addWidget(self.copy_button)
         top.addWidget(self.stop_button)
         top.addWidget(self.restart_button)
+        top.addWidget(self.keep_box)
         self.split = QSplitter(Qt.Orientation.Horizontal, self)
         self.split.addWidget(self.table)
         self.split.addWidget(self.log)
@@ -100,6 +109,7 @@ class EnginesPanel(QWidget):
         self.copy_button.clicked.connect(self.copy_url)
         self.stop_button.clicked.connect(self._stop)
         self.restart_button.clicked.connect(self._restart)
+        self.keep_box.toggled.connect(self._keep)
         self.table.itemSelectionChanged.connect(self._on_selection)
         self.timer.timeout.connect(self.refresh)
         runner.added.connect(self._on_added)
@@ -116,6 +126,7 @@ class EnginesPanel(QWidget):
         header = table.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         header.setStretchLastSection(True)
+        header.setTextElideMode(Qt.TextElideMode.ElideRight)  # a narrow dock: "Memory (pl…"
         return table
 
     def _build_log(self) -> QPlainTextEdit:
@@ -188,8 +199,9 @@ class EnginesPanel(QWidget):
             elif item.text() != text:
                 item.setText(text)
         tip = engine.error
-        if not tip and engine.supervisor is not None and engine.state.final:
-            tip = str(engine.supervisor.outcome or "")
+        handle = engine.handle
+        if not tip and handle is not None and engine.state.final:
+            tip = str(handle.outcome or "")
         state_item = self.table.item(row, COL_STATE)
         if state_item is not None and state_item.toolTip() != tip:
             state_item.setToolTip(tip)
@@ -205,7 +217,7 @@ class EnginesPanel(QWidget):
 
     def _follow_log(self) -> None:
         engine = self.selected()
-        sup = engine.supervisor if engine is not None else None
+        sup = engine.handle if engine is not None else None
         if sup is None:
             if self._log_key is not None:
                 self._log_key = None
@@ -230,7 +242,13 @@ class EnginesPanel(QWidget):
         engine = self.selected()
         live = engine is not None and not engine.busy and not engine.state.final
         self.copy_button.setEnabled(engine is not None and bool(engine.url) and live)
-        self.stop_button.setEnabled(live and engine is not None and engine.supervisor is not None)
+        self.stop_button.setEnabled(live and engine is not None and engine.handle is not None)
+        self.keep_box.setEnabled(live)
+        keep = engine is not None and engine.keep
+        if self.keep_box.isChecked() != keep:
+            self.keep_box.blockSignals(True)
+            self.keep_box.setChecked(keep)
+            self.keep_box.blockSignals(False)
         self.restart_button.setEnabled(
             engine is not None and not engine.busy and engine.spec is not None
         )
@@ -246,6 +264,11 @@ class EnginesPanel(QWidget):
         eid = self.selected_id()
         if eid is not None:
             self.runner.stop(eid)
+
+    def _keep(self, on: bool) -> None:
+        eid = self.selected_id()
+        if eid is not None:
+            self.runner.set_keep(eid, on)
 
     def _restart(self) -> None:
         eid = self.selected_id()

@@ -193,8 +193,8 @@ class MessageBoxPrompts:
         box.setWindowTitle("Quit qmgui")
         box.setText(_engines_words(running))
         box.setInformativeText(
-            "Stop them before quitting? Engines left running keep serving; qmgui offers to "
-            "adopt or stop them when it starts again."
+            "Stop them before quitting? Engines left running keep serving; qmgui adopts them "
+            "when it starts again (Stop there stops them; so does `qmgui engines stop`)."
         )
         stop = box.addButton("Stop them", QMessageBox.ButtonRole.AcceptRole)
         leave = box.addButton("Leave them running", QMessageBox.ButtonRole.DestructiveRole)
