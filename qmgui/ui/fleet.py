@@ -96,8 +96,8 @@ class Fleet(QObject):
     def loads(self) -> list[EngineLoad]:
         out = []
         for e in self.runner.running():
-            sup = e.supervisor
-            pid = sup.pid if sup is not None else None
+            handle = e.handle  # an adopted engine holds memory as much as a started one
+            pid = handle.pid if handle is not None else None
             out.append(
                 EngineLoad(
                     e.id,

@@ -209,3 +209,22 @@ def test_model_actions_toggle_the_current_model(qtbot) -> None:  # type: ignore[
     assert actions.favourite.isChecked() and actions.pin.isChecked()
     actions.pin.trigger()
     assert store.settings.pinned == []
+
+
+def test_an_adopted_engine_counts_in_the_budget(qtbot) -> None:  # type: ignore[no-untyped-def]
+    """An engine an earlier qmgui left running holds its memory like one started here: the
+    budget sees its process (a stop-first start must know what it would stop)."""
+
+    class _Log:
+        last_line_at = None
+
+    class _Survivor:  # what an Adopted watcher shows the fleet
+        pid = 4242
+        state = State.READY
+        log = _Log()
+
+    fleet, _ = fleet_with(qtbot, {1: "model-a"})
+    fleet.runner.engines[1].adopted = _Survivor()  # type: ignore[assignment]
+    (load,) = fleet.loads()
+    assert load.model_id == "model-a"
+    assert load.pids == frozenset({4242})
