@@ -42,10 +42,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-import platformdirs
 from filelock import FileLock, Timeout
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from qmgui.config_paths import (
+    APP_NAME,
+    ENV_CONFIG_DIR,
+    SETTINGS_FILENAME,
+    config_dir,
+    settings_path,
+)
 from qmgui.core.backends import Backend, sort_classes
 from qmgui.core.errors import SettingsError
 from qmgui.keep_aside import aside_path, move_aside
@@ -78,9 +84,7 @@ __all__ = [
 SCHEMA_VERSION = 1
 """The schema this build writes and the newest one it reads."""
 
-SETTINGS_FILENAME = "settings.json"
-ENV_CONFIG_DIR = "QMGUI_CONFIG_DIR"
-_APP_NAME = "qmgui"
+_APP_NAME = APP_NAME
 _MAX_REPORTED_ERRORS = 3  # a message names the first few invalid values, not all of them
 _MAX_INT_DIGITS = 20  # a 64-bit integer has at most 20 digits; longer ones are not settings
 _MAX_DEPTH = 64  # nesting deeper than this is not a settings file (and would recurse deeply)
@@ -119,6 +123,18 @@ class ModelOverride(_Stored):
     extra_args: list[str] = Field(default_factory=list)
     mmproj: str | None = None
     port: int | None = Field(default=None, ge=1, le=65535)  # chosen once, then always used
+    # added with profiles (issue 13); absent in older files, which load as before
+    cpu_moe: bool | None = None  # --cpu-moe: every layer's experts on the CPU
+    tensor_split: list[float] | None = None  # -ts: a share per GPU
+    devices: list[int] | None = None  # --devices: the GPUs the engine may use
+    # vLLM (qmgui.core.vllm.VllmPins); the context is `ctx_size` (--max-model-len)
+    vllm_budget_bytes: int | None = Field(default=None, gt=0)  # VRAM per GPU to plan for
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    tensor_parallel_size: int | None = Field(default=None, ge=1)
+    tokenizer: str | None = None
+    tool_call_parser: str | None = None
+    dtype: str | None = None
+    kv_cache_dtype: str | None = None
 
 
 class PortRange(_Stored):
@@ -345,19 +361,6 @@ and sets ``schema_version`` after each step. Add one entry per schema bump."""
 
 
 # --- paths ----------------------------------------------------------------------------------
-
-
-def config_dir() -> Path:
-    """The folder holding qmgui's settings: ``$QMGUI_CONFIG_DIR`` if set, else the platform's."""
-    override = os.environ.get(ENV_CONFIG_DIR)
-    if override:
-        return Path(override).expanduser()
-    return Path(platformdirs.user_config_dir(_APP_NAME, appauthor=False))
-
-
-def settings_path() -> Path:
-    """The settings file in ``config_dir()``."""
-    return config_dir() / SETTINGS_FILENAME
 
 
 # --- load -----------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from typing import Any, TextIO
 from qmgui import notify
 from qmgui.cli.plan import add_plan_flags
 from qmgui.cli.preview import add_target_flags, request_from
+from qmgui.cli.profiles import vllm_values
 from qmgui.core.discovery import ModelEntry, entry_for_path, scan
 from qmgui.core.emit import DevicePin, EmitError, skipped, split_each
 from qmgui.core.errors import SizingError
@@ -43,8 +44,8 @@ from qmgui.core.export.scripts import (
     render_powershell_script,
 )
 from qmgui.core.meta import ModelClass
+from qmgui.core.profile import extra_args_of, vllm_pins
 from qmgui.core.units import parse_size
-from qmgui.core.vllm import VllmPins
 from qmgui.core.vllm_cluster import Node, plan_cluster
 from qmgui.engines.model_ports import choose_port
 from qmgui.hw.profiles import lookup
@@ -58,6 +59,7 @@ from qmgui.service.launch import (
     load_quietly,
     with_override,
 )
+from qmgui.service.profile import profile_of
 
 EXIT_OK = 0
 EXIT_NOTHING = 1
@@ -198,13 +200,18 @@ def _models_ini(entries: Sequence[ModelEntry], resolver: Resolver, req: Request)
         builds.add(target.supported)
         ov = resolver.override(entry)
         model = replace(entry, mmproj=ov.mmproj) if ov is not None and ov.mmproj else entry
+        profile = profile_of(ov)
+        devices = req.devices
+        if not devices and "devices" not in req.given:
+            devices = tuple(profile.get("devices") or ())
+        saved_extra = () if "extra_args" in req.given else extra_args_of(profile)
         presets.append(
             PresetModel(
                 name=entry.name,
                 model=model,
-                settings=with_override(req.settings, ov),
-                devices=DevicePin(target.variant or "cuda", req.devices) if req.devices else None,
-                extra_args=(*split_each(ov.extra_args if ov else ()), *req.extra),
+                settings=with_override(req.settings, ov, given=req.given),
+                devices=DevicePin(target.variant or "cuda", devices) if devices else None,
+                extra_args=(*saved_extra, *req.extra),
             )
         )
     # the router is one build: spell for it when every model resolved to the same one
@@ -227,17 +234,23 @@ def parse_nodes(texts: Sequence[str]) -> tuple[Node, ...]:
     return tuple(nodes)
 
 
-def _vllm_cluster(entries: Sequence[ModelEntry], args: argparse.Namespace) -> Export:
+def _vllm_cluster(
+    entries: Sequence[ModelEntry], args: argparse.Namespace, resolver: Resolver
+) -> Export:
     entry = entries[0]
     nodes = parse_nodes(args.node)
     if not nodes:
         raise UsageError("vllm-cluster needs the machines: --node ADDRESS=GPUS, the head first")
-    extra = split_each(args.extra)
+    profile = profile_of(resolver.override(entry))
+    extra = (*extra_args_of(profile), *split_each(args.extra))
+    values = {**profile, **vllm_values(args)}
+    if args.ctx is not None:
+        values["ctx_size"] = args.ctx
     cluster = plan_cluster(
         entry,
         nodes,
         reserve=parse_size(args.reserve, allow_zero=True),
-        pins=VllmPins(max_model_len=args.ctx, extra_args=extra),
+        pins=vllm_pins(values, extra_args=extra),
         executable=args.backend or "vllm",
         port=PORT_MARK,
     )
@@ -303,7 +316,7 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
         args.port = choose_port(resolver.loaded.settings, entries[0].id) if one else DEFAULT_PORT
     try:
         if args.format == "vllm-cluster":
-            result = _vllm_cluster(entries, args)
+            result = _vllm_cluster(entries, args, resolver)
         elif args.format == "models-ini":
             result = _models_ini(entries, resolver, req)
         else:

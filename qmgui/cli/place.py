@@ -11,6 +11,7 @@ from typing import Any, TextIO
 
 from qmgui import notify
 from qmgui.cli.plan import add_reserve_flag, add_rpc_flag, gpus_from
+from qmgui.cli.profiles import saved_override
 from qmgui.core.discovery import ModelEntry, entry_for_path
 from qmgui.core.emit import Command, DevicePin, EmitError, skipped
 from qmgui.core.emit.llama import emit_llama
@@ -20,8 +21,10 @@ from qmgui.core.export.llama_swap import render_run_set
 from qmgui.core.footprint import Gpu
 from qmgui.core.launch import CACHE_TYPES, LaunchSettings
 from qmgui.core.placement import AutoContext, Placed, Placement, Request, Unplaced, place
+from qmgui.core.profile import apply_profile
 from qmgui.core.units import format_bytes, parse_size
 from qmgui.service.launch import Resolver, UsageError, load_quietly
+from qmgui.service.profile import profile_of
 
 EXIT_OK = 0
 EXIT_UNPLACED = 1  # the placement was made, but some model does not fit
@@ -101,6 +104,7 @@ class Spec:
     name: str | None
     settings: LaunchSettings
     context: AutoContext | None
+    given: frozenset[str] = frozenset()  # fields set on the command line: the profile keeps off
 
 
 def _ctx(value: str) -> tuple[int | None, AutoContext | None]:
@@ -140,12 +144,14 @@ def parse_spec(text: str, base: LaunchSettings, ctx: str) -> Spec:
         path, tail = text, ""
     changes: dict[str, Any] = {}
     name: str | None = None
+    given = {"tensor_split"} | ({"ctx_size"} if ctx.strip().lower() != AUTO else set())
     for pair in (p for p in tail.split(",") if p.strip()):
         key, eq, value = (x.strip() for x in pair.partition("="))
         if not eq or not value:
             raise ValueError(f"{text}: write each setting as KEY=VALUE ({pair!r})")
         if key in ("c", "ctx"):
             ctx = value
+            given.add("ctx_size")
         elif key == "name":
             name = value
         elif key in _KEYS:
@@ -161,7 +167,8 @@ def parse_spec(text: str, base: LaunchSettings, ctx: str) -> Spec:
         ctx_size, auto = _ctx(ctx)
     except ValueError:
         raise ValueError(f"{text}: the context is a number of tokens or 'auto'") from None
-    return Spec(path, name, replace(base, ctx_size=ctx_size, **changes), auto)
+    given |= changes.keys()
+    return Spec(path, name, replace(base, ctx_size=ctx_size, **changes), auto, frozenset(given))
 
 
 def _requests(
@@ -173,6 +180,7 @@ def _requests(
     requests: list[Request] = []
     entries: dict[str, ModelEntry] = {}
     refused: list[Unplaced] = []
+    saved = load_quietly().settings
     for spec in specs:
         entry = entry_for_path(spec.path)
         name = unique_name(spec.name or entry.name, taken)
@@ -184,7 +192,11 @@ def _requests(
                          "plan this Hugging Face folder for vLLM (qmgui plan --engine vllm)")
             )  # fmt: skip
         else:
-            requests.append(Request(name, entry.meta, spec.settings, context=spec.context))
+            # the model's saved profile fills what the command line did not set
+            profile = profile_of(saved_override(saved, entry))
+            settings = apply_profile(spec.settings, profile, given=spec.given)
+            context = spec.context if settings.ctx_size is None else None
+            requests.append(Request(name, entry.meta, settings, context=context))
             entries[name] = entry
     return requests, entries, refused
 

@@ -10,6 +10,15 @@ from dataclasses import replace
 from typing import Any, TextIO
 
 from qmgui import notify
+from qmgui.cli.profiles import (
+    add_profile_flags,
+    add_vllm_flags,
+    given_fields,
+    handle_profile_flags,
+    saved_profile,
+    track_given,
+    vllm_values,
+)
 from qmgui.core.discovery import ModelEntry, entry_for_path
 from qmgui.core.errors import SizingError
 from qmgui.core.fit import (
@@ -27,8 +36,9 @@ from qmgui.core.launch import (
     LaunchSettings,
 )
 from qmgui.core.meta import MAX_CONTEXT, ModelClass
+from qmgui.core.profile import apply_profile, vllm_pins
 from qmgui.core.units import format_bytes, parse_size
-from qmgui.core.vllm import VllmPins, plan_vllm
+from qmgui.core.vllm import plan_vllm
 from qmgui.hw.host import read_ram
 from qmgui.hw.nvml import read_gpus
 from qmgui.hw.profiles import lookup
@@ -45,7 +55,8 @@ def register(sub: Any) -> None:
         description="Predict every buffer llama-server allocates for MODEL with these "
         "settings (flag names as llama-server spells them). --gpu SIZE plans for a card that "
         "need not exist; with no --gpu the NVIDIA GPUs present are used, and with none the "
-        "plan is CPU-only.",
+        "plan is CPU-only. The model's saved profile (--save, qmgui import, the window) fills "
+        "the settings not given here.",
         epilog="exit status: 0 the launch fits; 1 it does not fit (the nearest setting that "
         'fits is printed, and is the "nearest" object of --json); 2 a usage error or a model '
         "that cannot be planned (missing, broken, incomplete, a vision projector)",
@@ -53,6 +64,7 @@ def register(sub: Any) -> None:
     p.add_argument("model", metavar="MODEL", help="a .gguf file (any shard of a split set)")
     add_plan_flags(p)
     add_rpc_flag(p)
+    add_profile_flags(p)
     p.add_argument("--json", action="store_true", help="print the plan as a JSON object")
     p.set_defaults(func=cmd_plan)
 
@@ -64,6 +76,7 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
         "-c",
         "--ctx-size",
         "--ctx",
+        "--max-model-len",
         dest="ctx",
         type=int,
         default=None,
@@ -132,6 +145,8 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
         help="plan for llama-server or vLLM (default: llama-server for GGUF, vLLM "
         "for Hugging Face folders)",
     )
+    add_vllm_flags(p)
+    track_given(p)
 
 
 def add_reserve_flag(p: argparse.ArgumentParser) -> None:
@@ -277,7 +292,7 @@ def check_ranges(args: argparse.Namespace) -> None:
     _in_range("-ncmoe/--n-cpu-moe", args.n_cpu_moe, 0, 1 << 31, "give 0 or more layers")
 
 
-def _tensor_split(text: str) -> tuple[float, ...]:
+def tensor_split_of(text: str) -> tuple[float, ...]:
     try:
         split = tuple(float(x) for x in text.replace("/", ",").split(","))
     except ValueError:
@@ -296,7 +311,7 @@ def launch_settings_from(args: argparse.Namespace) -> LaunchSettings:
     check_ranges(args)
     split: tuple[float, ...] = ()
     if args.tensor_split:
-        split = _tensor_split(args.tensor_split)
+        split = tensor_split_of(args.tensor_split)
     return LaunchSettings(
         ctx_size=args.ctx,
         parallel=args.parallel,
@@ -333,9 +348,14 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     if entry.model_class == ModelClass.PROJECTOR:
         notify.error(projector_sentence(args.model), source="plan")
         return EXIT_USAGE
+    code = handle_profile_flags(args, entry, source="plan")
+    if code is not None:
+        return code
+    profile = saved_profile(entry)
+    settings = apply_profile(settings, profile, given=given_fields(args))
     engine = args.engine or ("llama" if entry.format == "gguf" else "vllm")
     if engine == "vllm":
-        return _cmd_plan_vllm(entry, gpus, args, out)
+        return _cmd_plan_vllm(entry, gpus, args, out, profile)
     if entry.format != "gguf":
         notify.error(
             f"{args.model}: llama-server plans need a GGUF file; this is a "
@@ -494,20 +514,28 @@ def _print_plan(entry: ModelEntry, result: FitResult, out: TextIO) -> None:
 
 
 def _cmd_plan_vllm(
-    entry: ModelEntry, gpus: tuple[Gpu, ...], args: argparse.Namespace, out: TextIO
+    entry: ModelEntry,
+    gpus: tuple[Gpu, ...],
+    args: argparse.Namespace,
+    out: TextIO,
+    profile: dict[str, Any],
 ) -> int:
     assert entry.meta is not None
     gpu = gpus[0] if gpus else None
     try:
+        values = {**profile, **vllm_values(args)}
+        if args.ctx is not None:
+            values["ctx_size"] = args.ctx
+        budget = values.get("vllm_budget_bytes")
         plan = plan_vllm(
             entry.meta,
             gpu_total_bytes=gpu.total_bytes if gpu else None,
-            budget_bytes=gpu.available if gpu else None,
+            budget_bytes=budget if isinstance(budget, int) else gpu.available if gpu else None,
             tensor_parallel=max(len(gpus), 1),
-            pins=VllmPins(max_model_len=args.ctx),
+            pins=vllm_pins(values),
             is_split_gguf=len(entry.shards) > 1,
         )
-    except SizingError as e:
+    except (SizingError, ValueError) as e:
         notify.error(str(e), source="plan")
         return EXIT_USAGE
     if args.json:

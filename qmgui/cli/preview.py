@@ -21,6 +21,14 @@ from typing import Any, TextIO
 
 from qmgui import notify
 from qmgui.cli.plan import add_plan_flags, gpus_from, launch_settings_from, projector_sentence
+from qmgui.cli.profiles import (
+    add_profile_flags,
+    given_dests,
+    given_fields,
+    handle_profile_flags,
+    track_given,
+    vllm_values,
+)
 from qmgui.core.discovery import ModelEntry, entry_for_path
 from qmgui.core.emit import EmitError, skipped, split_each
 from qmgui.core.errors import SizingError
@@ -73,6 +81,7 @@ def add_target_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-probe", action="store_true", help="do not run the engine's --help to check flags"
     )
+    track_given(p)
 
 
 def register(sub: Any) -> None:
@@ -102,6 +111,8 @@ def register(sub: Any) -> None:
         action="store_true",
         help='print {"argv": [...], "env": {...}, "backend": {...}, "warnings": [...]}',
     )
+    add_profile_flags(p)
+    track_given(p)
     p.set_defaults(func=cmd_preview)
 
 
@@ -117,7 +128,14 @@ def parse_devices(text: str | None) -> tuple[int, ...]:
 
 
 def request_from(args: argparse.Namespace, *, port: int | str, estimate: bool) -> Request:
-    """The shared request of a `preview` or `export` command line (ValueError when bad)."""
+    """The shared request of a `preview` or `export` command line (ValueError when bad).
+    What it gives explicitly wins over the model's saved profile (`Request.given`)."""
+    given = set(given_fields(args))
+    dests = given_dests(args)
+    if "devices" in dests:
+        given.add("devices")
+    if "extra" in dests and getattr(args, "save", False):
+        given.add("extra_args")  # saved just now: not twice
     return Request(
         settings=launch_settings_from(args),
         gpus=gpus_from(args),
@@ -126,6 +144,8 @@ def request_from(args: argparse.Namespace, *, port: int | str, estimate: bool) -
         extra=split_each(args.extra),
         devices=parse_devices(args.devices),
         estimate=estimate,
+        given=frozenset(given),
+        vllm=vllm_values(args),
     )
 
 
@@ -146,6 +166,9 @@ def prepare(
     if entry.model_class == ModelClass.PROJECTOR:
         notify.error(projector_sentence(args.model), source=source)
         return EXIT_USAGE
+    code = handle_profile_flags(args, entry, source=source)
+    if code is not None:
+        return code
     resolver = Resolver(
         load_quietly(), backend_arg=args.backend, engine=args.engine, probe=not args.no_probe
     )

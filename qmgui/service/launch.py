@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from qmgui import notify
 from qmgui.core import backends as registry
 from qmgui.core.discovery import ModelEntry
-from qmgui.core.emit import Command, DevicePin, EmitError, flags_from_probe, skipped, split_each
+from qmgui.core.emit import Command, DevicePin, EmitError, flags_from_probe, skipped
 from qmgui.core.emit import custom as emit_custom
 from qmgui.core.emit import llama as emit_llama
 from qmgui.core.emit import sd as emit_sd
@@ -29,9 +29,11 @@ from qmgui.core.fit import Budget, check
 from qmgui.core.footprint import Gpu
 from qmgui.core.launch import LaunchSettings
 from qmgui.core.meta import ModelClass
-from qmgui.core.vllm import VllmPins, plan_vllm
+from qmgui.core.profile import Profile, apply_profile, extra_args_of, vllm_pins
+from qmgui.core.vllm import plan_vllm
 from qmgui.engines.llama_run import find_llama_server
 from qmgui.engines.supervisor import EngineSpec
+from qmgui.service.profile import profile_of
 from qmgui.settings import LoadResult, ModelOverride, load_settings
 
 __all__ = ["EmitError"]
@@ -108,7 +110,13 @@ class Resolver:
         return tuple(e.to_core() for e in self.loaded.settings.backends)
 
     def override(self, entry: ModelEntry) -> ModelOverride | None:
-        return self.loaded.settings.model_overrides.get(entry.id)
+        """The model's saved profile: under its id, or its absolute path (the key a command
+        line given a relative path saves under)."""
+        overrides = self.loaded.settings.model_overrides
+        found = overrides.get(entry.id)
+        if found is None and entry.source == "folder" and not os.path.isabs(entry.id):
+            found = overrides.get(os.path.abspath(entry.id))
+        return found
 
     def target(self, entry: ModelEntry) -> Target | str:
         """The engine for `entry`, or a sentence saying why there is none."""
@@ -218,26 +226,12 @@ def default_executable(kind: str) -> str:
     return DEFAULT_EXECUTABLES.get(kind, kind)
 
 
-def with_override(s: LaunchSettings, ov: ModelOverride | None) -> LaunchSettings:
-    """The model's stored overrides fill what the command line left at its default."""
-    if ov is None:
-        return s
-    changes: dict[str, Any] = {}
-    if s.ctx_size is None and ov.ctx_size:
-        changes["ctx_size"] = ov.ctx_size
-    if s.parallel is None and ov.parallel:
-        changes["parallel"] = ov.parallel
-    if s.cache_type_k == "f16" and ov.cache_type_k:
-        changes["cache_type_k"] = ov.cache_type_k
-    if s.cache_type_v == "f16" and ov.cache_type_v:
-        changes["cache_type_v"] = ov.cache_type_v
-    if s.n_gpu_layers is None and ov.n_gpu_layers is not None:
-        changes["n_gpu_layers"] = ov.n_gpu_layers
-    if s.n_cpu_moe == 0 and ov.n_cpu_moe:
-        changes["n_cpu_moe"] = ov.n_cpu_moe
-    if s.flash_attn == "auto" and ov.flash_attn:
-        changes["flash_attn"] = ov.flash_attn
-    return replace(s, **changes)
+def with_override(
+    s: LaunchSettings, ov: ModelOverride | None, *, given: Collection[str] = ()
+) -> LaunchSettings:
+    """The model's saved profile fills what the command line left at its default (and did
+    not give explicitly: `given`, LaunchSettings field names)."""
+    return apply_profile(s, profile_of(ov), given=given)
 
 
 @dataclass(frozen=True)
@@ -251,6 +245,10 @@ class Request:
     extra: tuple[str, ...]
     devices: tuple[int, ...] = ()
     estimate: bool = False  # compute the VRAM comment (exports)
+    # what was set explicitly (profile field names): the saved profile does not replace it
+    given: frozenset[str] = frozenset()
+    # vLLM values given explicitly (profile field names: gpu_memory_utilization, …)
+    vllm: Mapping[str, object] = field(default_factory=dict)
 
 
 _VERBOSITY_FLAGS = frozenset(a for names in emit_llama.F_VERBOSITY.spellings for a in names)
@@ -287,12 +285,18 @@ def engine_spec(
 def emit_model(
     entry: ModelEntry, target: Target, req: Request, ov: ModelOverride | None
 ) -> Emitted:
-    """Emit one model's command on `target` (EmitError / SizingError for bad input)."""
-    settings = with_override(req.settings, ov)
+    """Emit one model's command on `target` with the model's saved profile `ov` applied
+    (EmitError / SizingError for bad input)."""
+    profile = profile_of(ov)
+    settings = apply_profile(req.settings, profile, given=req.given)
     if ov is not None and ov.mmproj:
         entry = replace(entry, mmproj=ov.mmproj)
-    extra = (*split_each(ov.extra_args if ov else ()), *req.extra)
-    pin = DevicePin(target.variant or "cuda", req.devices) if req.devices else None
+    saved_extra = () if "extra_args" in req.given else extra_args_of(profile)
+    extra = (*saved_extra, *req.extra)
+    devices = req.devices
+    if not devices and "devices" not in req.given:
+        devices = tuple(profile.get("devices") or ())
+    pin = DevicePin(target.variant or "cuda", devices) if devices else None
     health = HEALTH.get(target.kind, "/health")
     common: dict[str, Any] = {"executable": target.executable, "port": req.port}
     comments: list[str] = []
@@ -309,7 +313,8 @@ def emit_model(
         if req.estimate and entry.meta is not None and cmd.runnable:
             comments = _llama_estimate(entry, settings, req)
     elif target.kind == "vllm":
-        cmd, comments = _vllm(entry, target, req, extra=extra, pin=pin, common=common)
+        pins = {**profile, **req.vllm, "ctx_size": settings.ctx_size}
+        cmd, comments = _vllm(entry, target, req, pins, extra=extra, pin=pin, common=common)
     elif target.kind == "sd":
         cmd = emit_sd.emit_sd(entry, devices=pin, extra_args=extra, **common)
     elif target.kind == "whisper":
@@ -347,6 +352,7 @@ def _vllm(
     entry: ModelEntry,
     target: Target,
     req: Request,
+    profile: Profile,
     *,
     extra: tuple[str, ...],
     pin: DevicePin | None,
@@ -355,12 +361,19 @@ def _vllm(
     if entry.meta is None:
         return skipped(f"{entry.name}: {entry.error or 'not a model'}"), []
     gpu = req.gpus[0] if req.gpus else None
+    budget = profile.get("vllm_budget_bytes")
     plan = plan_vllm(
         entry.meta,
         gpu_total_bytes=gpu.total_bytes if gpu else None,
-        budget_bytes=max(gpu.available - req.reserve, 1) if gpu else None,
+        budget_bytes=(
+            int(budget)
+            if isinstance(budget, int)
+            else max(gpu.available - req.reserve, 1)
+            if gpu
+            else None
+        ),
         tensor_parallel=max(len(req.gpus), 1),
-        pins=VllmPins(max_model_len=req.settings.ctx_size, extra_args=extra),
+        pins=vllm_pins(profile, extra_args=extra),
         is_split_gguf=len(entry.shards) > 1,
     )
     cmd = emit_vllm.emit_vllm(

@@ -153,13 +153,16 @@ def plan_model(
     *,
     extra_args: str = "",
     gpu_subset: tuple[int, ...] = (),
+    given: frozenset[str] = frozenset(),
 ) -> PlanOutcome:
     """Size one launch (llama-server GGUF models) and emit its command (any engine).
 
     `extra_args`: the plan panel's extra engine arguments, split like a shell does and
     appended after the model's stored ones; one that does not split gives no command, with
     the reason shown instead. `gpu_subset`: positions in `hw.gpus` of the only GPUs the engine
-    may use (`--device`); () = all. The outcome keeps every GPU (the others plan nothing)."""
+    may use (`--device`); () = all. The outcome keeps every GPU (the others plan nothing).
+    `given`: the profile fields `settings` already hold (the window's panel shows the model's
+    profile), which the saved profile then does not fill again."""
     target: Target | str | None = None
     try:
         target = resolver.target(entry)
@@ -197,7 +200,7 @@ def plan_model(
             extra = tuple(split_args(extra_args))
             req = Request(settings=settings, gpus=sized.gpus, reserve=reserve_mib * MIB,
                           port=choose_port(resolver.loaded.settings, entry.id),
-                          extra=extra, devices=devices)  # fmt: skip
+                          extra=extra, devices=devices, given=given)  # fmt: skip
             command = emit_model(entry, target, req, resolver.override(entry)).command
     except (EmitError, SizingError, UsageError, ValueError) as e:
         command = skipped(str(e))
