@@ -4,19 +4,29 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import signal
 import sys
 from collections.abc import Sequence
 
 from PySide6.QtCore import QObject, Qt, QTimer
-from PySide6.QtGui import QColor, QGuiApplication, QPalette
-from PySide6.QtWidgets import QApplication, QDialog, QWidget
+from PySide6.QtGui import QColor, QGuiApplication, QPainter, QPalette
+from PySide6.QtWidgets import (
+    QApplication,
+    QDialog,
+    QProxyStyle,
+    QStyle,
+    QStyleFactory,
+    QStyleOption,
+    QWidget,
+)
 
 from qmgui import __version__, notify
 from qmgui.settings import load_settings
 from qmgui.ui import hardware
 from qmgui.ui.main_window import MainWindow
+from qmgui.ui.startup_probe import report_when_shown
 from qmgui.ui.tray import app_icon
 
 EXIT_OK = 0
@@ -93,14 +103,50 @@ def dark_palette() -> QPalette:
     return p
 
 
+DARK_OUTLINE_WINDOW = QColor(150, 150, 156)  # Fusion's outline is Window.darker(140): ~#6b6b6f
+
+
+class DarkFusion(QProxyStyle):
+    """Fusion for the dark palette. Fusion draws the ring of a radio button, the box of a check
+    box and the frame of a line edit in the Window colour made darker, which on a dark Window
+    is all but invisible: these few are drawn as if the Window colour were a mid grey."""
+
+    OUTLINED = frozenset(
+        {
+            QStyle.PrimitiveElement.PE_IndicatorRadioButton,
+            QStyle.PrimitiveElement.PE_IndicatorCheckBox,
+            QStyle.PrimitiveElement.PE_IndicatorItemViewItemCheck,
+            QStyle.PrimitiveElement.PE_FrameLineEdit,
+        }
+    )
+
+    def __init__(self) -> None:
+        super().__init__(QStyleFactory.create("Fusion"))
+        self.setObjectName("fusion")
+
+    def drawPrimitive(
+        self,
+        element: QStyle.PrimitiveElement,
+        option: QStyleOption,
+        painter: QPainter,
+        widget: QWidget | None = None,
+    ) -> None:
+        if element in self.OUTLINED:
+            option = type(option)(option)  # a copy: the caller's option stays as it was
+            palette = QPalette(option.palette)
+            palette.setColor(QPalette.ColorRole.Window, DARK_OUTLINE_WINDOW)
+            option.palette = palette
+        super().drawPrimitive(element, option, painter, widget)
+
+
 def apply_theme(app: QApplication, theme: str) -> None:
     """ "system" follows the platform's light/dark setting; "light"/"dark" force it with the
     Fusion style (which draws every widget from the palette on every platform). The platform
     is asked too (Qt 6.8+), where it can switch its own colours."""
     if theme == "system":
         return
-    app.setStyle("Fusion")
     dark = theme == "dark"
+    app.setStyle(DarkFusion() if dark else QStyleFactory.create("Fusion"))
     app.styleHints().setColorScheme(Qt.ColorScheme.Dark if dark else Qt.ColorScheme.Light)
     app.setPalette(dark_palette() if dark else app.style().standardPalette())
 
@@ -141,6 +187,7 @@ def run(argv: Sequence[str]) -> int:
     if args.screenshot:
         if not _display_available():
             os.environ["QT_QPA_PLATFORM"] = "offscreen"
+        gc.enable()  # a screenshot's scan may be long: collect as usual
         return screenshot(
             args.screenshot, models=args.models, what_if=args.what_if, select=args.select,
             size=size, ctx=args.ctx, theme=args.theme or "system", start=args.start,
@@ -161,9 +208,18 @@ def run(argv: Sequence[str]) -> int:
             window.show()
         if window.tray is not None:
             window.tray.install()  # nothing where the platform has no tray
+    report_when_shown(window, app)
     window.start()
     _stop_on_signals(app, window)
+    QTimer.singleShot(0, _collect_again)
     return app.exec()
+
+
+def _collect_again() -> None:
+    """Start-up is over (qmgui.__main__ turned collection off for it): what exists now lives as
+    long as the window, so it is frozen out of every later collection, then collection resumes."""
+    gc.freeze()
+    gc.enable()
 
 
 def _stop_on_signals(app: QApplication, window: MainWindow) -> None:

@@ -39,6 +39,12 @@ SHOTS: dict[str, list[str]] = {
     "engine-running.png": ["--select", "tiny-llama", "--start", "--size", "1280x800"],
     "backends.png": ["--show", "backends"],
 }  # fmt: skip
+# the window at the sizes it must stay usable at, in both themes, a model selected
+for _size in ("1024x700", "1280x800", "1920x1080"):
+    for _theme in ("light", "dark"):
+        SHOTS[f"window-{_size}-{_theme}.png"] = [
+            "--what-if", "RTX 4090", "--select", "qwen3-30b", "--size", _size, "--theme", _theme,
+        ]  # fmt: skip
 
 
 def build_models(root: Path) -> Path:

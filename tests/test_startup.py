@@ -81,3 +81,69 @@ def test_plan_json_imports_no_other_commands_dependencies(plan_modules: list[str
 
 def test_window_modules_import_no_numpy() -> None:
     assert _among(_loaded(WINDOW_CHECK), NUMPY) == []
+
+
+def _qmgui(args: list[str], tmp_path: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+    """`python -m qmgui ARGS` as a user starts it: a fresh home, no settings, offscreen."""
+    home = tmp_path / "home"
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "XDG_CONFIG_HOME": str(home / "config"),
+        "XDG_CACHE_HOME": str(home / "cache"),
+        "XDG_STATE_HOME": str(home / "state"),
+        "QT_QPA_PLATFORM": "offscreen",
+        **extra,
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "qmgui", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+
+
+def test_the_window_reports_its_first_paint_and_quits(tmp_path: Path) -> None:
+    """bench/window_start.py times the bundle with QMGUI_REPORT_SHOWN: the window must print
+    how long after its process started it was painted, then exit by itself."""
+    proc = _qmgui([], tmp_path, QMGUI_REPORT_SHOWN="1")
+    assert proc.returncode == 0, proc.stderr
+    shown = [ln for ln in proc.stdout.splitlines() if ln.startswith("qmgui: window shown in ")]
+    assert len(shown) == 1, proc.stdout
+    ms = int(shown[0].split()[-2])
+    assert 0 < ms < 120_000
+
+
+GC_CHECK = """
+import gc, io, sys
+from qmgui.__main__ import main
+seen = []
+import qmgui.cli.plan as plan
+run = plan.cmd_plan
+def spy(args, out):
+    seen.append(gc.isenabled())
+    return run(args, out)
+plan.cmd_plan = spy
+rc = main(["plan", sys.argv[1], "--gpu", "24G", "--json"])
+print(seen, gc.isenabled())
+"""
+
+
+def test_collection_is_off_only_while_starting(tmp_path: Path) -> None:
+    """qmgui.__main__ turns cyclic collection off for the start-up imports; the command itself
+    (a `serve` runs for days) and whatever follows run with it on."""
+    model = tmp_path / "m.gguf"
+    write_gguf(model, PRESETS["llama"])
+    proc = subprocess.run(
+        [sys.executable, "-c", GC_CHECK, str(model)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[True] True"

@@ -3,7 +3,8 @@
 The dialog works on a copy of the registry (`Backend` values from `qmgui.core.backends`):
 Add, Edit, Remove (with Undo until the dialog closes) and ★ per class change the copy, and
 Save writes what changed with `save_changes`: merged, under the settings lock, into the file as
-it is at that moment, so an entry the CLI added while the dialog was open is kept. A settings
+it is at that moment, so an entry the CLI added while the dialog was open is kept. Close (Esc,
+the title bar's ×) with unsaved changes asks first: Save, Discard or Cancel. A settings
 file that could not be loaded (a `LoadResult` that is `read_only`) is never written over: the
 dialog says so and Save stays off.
 
@@ -47,6 +48,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QMenu,
+    QMessageBox,
     QPlainTextEdit,
     QPushButton,
     QSplitter,
@@ -394,7 +396,9 @@ class BackendsDialog(QDialog):
         self._prober = prober
         self._removed: list[tuple[int, Backend]] = []  # the undo stack
         self._dirty = False
+        self._closing = False  # Save/Discard answered: the next reject closes for real
         self.editor: BackendEditor | None = None
+        self.unsaved_box: QMessageBox | None = None  # "Save the changes?" while it is open
 
         self._build()
         self._actions()
@@ -749,9 +753,55 @@ class BackendsDialog(QDialog):
         self.banner.setVisible(bool(lines))
 
     def done(self, result: int) -> None:
+        if result != QDialog.DialogCode.Accepted and self._dirty and not self._closing:
+            self.ask_unsaved()  # Close, Esc or the title bar's ×: never discard silently
+            return
         if self.editor is not None:
             self.editor.reject()
+        if self.unsaved_box is not None:
+            self.unsaved_box.close()
         super().done(result)
+
+    def ask_unsaved(self) -> QMessageBox:
+        """Ask what to do with unsaved changes: Save (then close), Discard (close) or Cancel
+        (keep editing). Window-modal and non-blocking; `unsaved_box` holds it while open."""
+        if self.unsaved_box is not None:
+            self.unsaved_box.raise_()
+            return self.unsaved_box
+        b = QMessageBox.StandardButton
+        buttons = (b.Discard | b.Cancel) if self.read_only else (b.Save | b.Discard | b.Cancel)
+        box = QMessageBox(
+            QMessageBox.Icon.Question,
+            "Unsaved backends",
+            "The backend registry has changes that are not saved.",
+            buttons,
+            self,
+        )
+        box.setInformativeText(
+            (self._read_only_text() if self.read_only else "Save them before closing?")
+            + (f"\n\nLast change: {self.status.text()}" if self.status.text() else "")
+        )
+        box.setDefaultButton(b.Cancel if self.read_only else b.Save)
+        box.setEscapeButton(b.Cancel)
+        box.finished.connect(lambda _r: self._unsaved_answered(box))
+        self.unsaved_box = box
+        box.open()
+        return box
+
+    def _unsaved_answered(self, box: QMessageBox) -> None:
+        if self.unsaved_box is box:
+            self.unsaved_box = None
+        box.deleteLater()
+        answer = box.standardButton(box.clickedButton())
+        b = QMessageBox.StandardButton
+        if answer == b.Save and not self.save():
+            return  # the status line says why; the dialog stays open with the changes
+        if answer in (b.Save, b.Discard):
+            self._closing = True
+            try:
+                self.reject()
+            finally:
+                self._closing = False
 
     # -- views --
 

@@ -17,6 +17,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
+from pathlib import Path
 
 from PySide6.QtCore import QByteArray, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QShortcut
@@ -28,8 +29,10 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QMainWindow,
+    QMessageBox,
     QProgressBar,
     QPushButton,
+    QScrollArea,
     QSizePolicy,
     QSplitter,
     QStackedWidget,
@@ -65,7 +68,7 @@ from qmgui.ui.engine_runner import EngineRunner
 from qmgui.ui.engines_panel import EnginesPanel
 from qmgui.ui.fleet import Fleet
 from qmgui.ui.model_table import ModelTable
-from qmgui.ui.plan_panel import DEFAULT_CONTEXT, PlanPanel
+from qmgui.ui.plan_panel import PlanPanel
 from qmgui.ui.planning import (
     BadgeResult,
     PlanOutcome,
@@ -75,6 +78,7 @@ from qmgui.ui.planning import (
     plan_model,
 )
 from qmgui.ui.preview_pane import PreviewPane
+from qmgui.ui.profile_actions import WINDOW_FIELDS, Profiles, window_settings
 from qmgui.ui.roots_dialog import RootsDialog
 from qmgui.ui.run_sets_menu import ModelActions, RunSetsMenu
 from qmgui.ui.settings_watch import SettingsWatch
@@ -88,6 +92,7 @@ MESSAGE_MS = 10_000
 BADGE_DELAY_MS = 150  # after a scan: let the table paint its rows before the badges' search
 REPLAN_FREE_DELTA = 64 * 1024 * 1024  # a card's free memory moved this much: plan again
 PAGE_EMPTY, PAGE_MODELS = 0, 1
+FIT_MESSAGE = "Looking for the longest context that fits…"
 
 
 def freeze_heap() -> None:
@@ -103,22 +108,8 @@ def freeze_heap() -> None:
 
 
 def initial_settings(entry: ModelEntry, ov: ModelOverride | None) -> LaunchSettings:
-    """Where a newly selected model starts: its pinned overrides, else 8192 tokens."""
-    trained = (entry.meta.context_length if entry.meta else None) or DEFAULT_CONTEXT
-    s = LaunchSettings(ctx_size=min(DEFAULT_CONTEXT, trained))
-    if ov is None:
-        return s
-    ngl = None if ov.n_gpu_layers in (None, -1) else ov.n_gpu_layers
-    return replace(
-        s,
-        ctx_size=ov.ctx_size or s.ctx_size,
-        parallel=ov.parallel,
-        cache_type_k=ov.cache_type_k or s.cache_type_k,
-        cache_type_v=ov.cache_type_v or s.cache_type_v,
-        flash_attn=ov.flash_attn or s.flash_attn,
-        n_gpu_layers=ngl,
-        n_cpu_moe=ov.n_cpu_moe or 0,
-    )
+    """Where a newly selected model starts: its saved profile, else 8192 tokens."""
+    return window_settings(entry, ov)
 
 
 ENGINES_DOCK_HEIGHT = 170  # px at first start; the user's size is kept after
@@ -160,6 +151,9 @@ class MainWindow(QMainWindow):
         self._scanned = False
         self._pending_select: str | None = None
         self._last_free: tuple[int, ...] | None = None
+        self._scan_message = ""  # the status message of the scan under way ("" if none)
+        self._start_when_planned: str | None = None  # model id: start once this machine planned
+        self.what_if_box: QMessageBox | None = None  # "Start under a what-if profile?" while open
 
         self._build_widgets()
         self.setWindowIcon(app_icon())
@@ -197,6 +191,9 @@ class MainWindow(QMainWindow):
         detail_layout.setContentsMargins(12, 4, 4, 4)
         detail_layout.setSpacing(12)
         detail_layout.addWidget(self.plan_panel)
+        self.profiles = Profiles(self)  # saves what is set here as the model's profile
+        detail_layout.addWidget(self.profiles.vllm_box)  # a Hugging Face model's vLLM fields
+        detail_layout.addWidget(self.profiles.bar)
         line = QFrame(detail)
         line.setFrameShape(QFrame.Shape.HLine)
         line.setFrameShadow(QFrame.Shadow.Sunken)
@@ -205,13 +202,15 @@ class MainWindow(QMainWindow):
         detail_layout.addStretch(1)
 
         self._detail = detail
+        self.detail_scroll = self._scrolled(detail)
         self.detail_split = QSplitter(Qt.Orientation.Vertical, self)
-        self.detail_split.addWidget(detail)
+        self.detail_split.addWidget(self.detail_scroll)
         preview_box = QWidget(self)
         preview_layout = QVBoxLayout(preview_box)
         preview_layout.setContentsMargins(12, 4, 4, 4)
         preview_layout.addWidget(self._command_box())
         self.detail_split.addWidget(preview_box)
+        self._preview_box = preview_box
         self.detail_split.setStretchFactor(0, 3)
         self.detail_split.setStretchFactor(1, 1)
         self.detail_split.setChildrenCollapsible(False)
@@ -232,6 +231,16 @@ class MainWindow(QMainWindow):
         layout.addWidget(self.pages)
         self.setCentralWidget(container)
         self._build_workers()
+
+    def _scrolled(self, detail: QWidget) -> QScrollArea:
+        """A short or narrow window scrolls the plan rather than squeezing its rows (clipped
+        text: "4.096" for 4,096, "q8 0" for q8_0)."""
+        scroll = QScrollArea(self)
+        scroll.setWidget(detail)
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
+        return scroll
 
     def _build_workers(self) -> None:
         """Everything slow runs on these, never on the GUI thread."""
@@ -314,6 +323,7 @@ class MainWindow(QMainWindow):
         bar.addAction(self.roots_action)
         bar.addAction(self.rescan_action)
         bar.addAction(self.backends_action)
+        bar.addAction(self.profiles.paste_action)
         self._build_fleet_actions(bar)
         spacer = QWidget(bar)
         spacer.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
@@ -472,22 +482,34 @@ class MainWindow(QMainWindow):
             if sizes and len(sizes) == split.count():
                 split.setSizes(sizes)
         self._splits_restored = {k for k in ("main", "detail") if k in ui.splitter_sizes}
+        # the user's own height for the plan: kept from then on
+        self.detail_split.splitterMoved.connect(lambda *_: self._splits_restored.add("detail"))
         self.table.restore_column_widths(ui.column_widths)
         self.table.restore_sort(ui.sort_column, ui.sort_order)
         self._pending_select = ui.last_model_id
 
     def _default_splits(self) -> None:
-        """First show without remembered sizes: the table ~55 % wide, the plan as tall as it
-        needs and the command below it."""
+        """First show without remembered sizes: the table ~55 % wide (the plan's height
+        follows the plans: `_fit_detail_split`)."""
         width = max(self.pages.width(), 800)
-        height = max(self.pages.height(), 500)
         if "main" not in self._splits_restored:
             self._splits_restored.add("main")
             self.main_split.setSizes([int(width * 0.55), int(width * 0.45)])
-        if "detail" not in self._splits_restored:
-            self._splits_restored.add("detail")
-            top = max(self._detail.sizeHint().height() + 40, int(height * 0.6))
-            self.detail_split.setSizes([top, max(height - top, 120)])
+
+    def _fit_detail_split(self) -> None:
+        """Until the user moves it (or a size was remembered): the plan, its bars and verdict
+        as tall as they need where the height allows (the plan scrolls where it does not),
+        the command below with at least its minimum height. Redone after each plan: a model
+        with more rows (CPU experts, a GPU per card) takes more."""
+        if "detail" in self._splits_restored:
+            return
+        height = sum(self.detail_split.sizes())
+        if height <= 0:
+            return
+        below = max(self._preview_box.minimumSizeHint().height(), 120)
+        top = max(min(self._detail.sizeHint().height() + 8, height - below), height // 2)
+        if top != self.detail_split.sizes()[0]:
+            self.detail_split.setSizes([top, height - top])
 
     def save_state(self) -> None:
         """Window geometry, splitters, columns, sort and the selection into settings.json."""
@@ -535,6 +557,29 @@ class MainWindow(QMainWindow):
             notify.warning(message, source="settings")
         self._adopt(saved.settings)
 
+    # --- what the profiles (qmgui.ui.profile_actions) use ------------------------------------
+    def set_settings_in_memory(self, settings: Settings) -> None:
+        """The window's settings now; the caller writes the file (the profile saver)."""
+        self._set_settings(settings)
+
+    @property
+    def persisting(self) -> bool:
+        return self._persist and not self._loaded.read_only
+
+    @property
+    def settings_file(self) -> Path:
+        return self._settings_path
+
+    def wrote_settings(self) -> None:
+        """A worker wrote the file (the profile saver): not another process's change."""
+        if self.settings_watch is not None:
+            self.settings_watch.wrote()
+
+    def saved_elsewhere(self, settings: Settings) -> None:
+        """A worker wrote the file (the profile saver): take what it holds now."""
+        self.wrote_settings()
+        self._adopt(settings)
+
     def _set_settings(self, settings: Settings) -> None:
         self._loaded = replace(self._loaded, settings=settings)
         self._resolver.loaded = self._loaded
@@ -553,10 +598,16 @@ class MainWindow(QMainWindow):
         what the window had: the roots (rescan), the registry, pins and GPU reserve (plan and
         badges), favourites, pins and run sets (tray and actions). Window layout is the
         window's own and is not applied."""
+        settings = self.profiles.overlay(settings)  # profile changes not saved yet
         before, roots_before = self.settings, self.roots()
         self._set_settings(settings)
         if before == settings:
             return
+        current = self.plan_panel.entry
+        if current is not None and before.model_overrides.get(
+            current.id
+        ) != settings.model_overrides.get(current.id):
+            self.profiles.reapply(current)  # another qmgui changed its profile: show it
         if self.roots() != roots_before and self._scanned:
             self.rescan()
         planning = ("backends", "model_overrides")
@@ -573,10 +624,11 @@ class MainWindow(QMainWindow):
 
     # --- scanning and roots -----------------------------------------------------------------
     def start(self) -> None:
-        """Post the settings' messages and scan."""
+        """Post the settings' messages, adopt the engines an earlier qmgui left, and scan."""
         for message in self._loaded.messages:
             notify.warning(message, source="settings")
         freeze_heap()  # Qt's wrappers, the modules and the window: alive until the end
+        self.engine_runner.adopt_survivors()
         self.rescan()
 
     def rescan(self) -> None:
@@ -609,7 +661,7 @@ class MainWindow(QMainWindow):
                 self._loaded, settings=Settings.model_validate(self.settings.model_dump())
             )
         names = ", ".join(os.path.basename(p.rstrip(os.sep)) or p for p in paths)
-        notify.info(f"added {names}; scanning", source=SOURCE)
+        self._scan_message = self.show_work(f"Added {names}; scanning…")
         self.rescan()
 
     def set_model_roots(self, roots: Sequence[str]) -> None:
@@ -663,6 +715,8 @@ class MainWindow(QMainWindow):
     def _on_scan_finished(self, result: object) -> None:
         assert isinstance(result, ScanResult)
         self._scanned = True
+        self.end_work(self._scan_message)  # "Added …; scanning…" ends with the scan
+        self._scan_message = ""
         if result.cancelled:
             notify.info("scan cancelled; the list shows the last complete scan", source="scan")
             return
@@ -723,6 +777,7 @@ class MainWindow(QMainWindow):
         )  # fmt: skip
         self._refresh_badges()
         self._schedule_plan()
+        self._sync_start_button()
 
     def _refresh_badges(self, *, clear: bool = True) -> None:
         """Size every model for the fit badges on a worker. `clear=False` (after a rescan, same
@@ -775,6 +830,7 @@ class MainWindow(QMainWindow):
         self.model_actions.sync()
         if entry is None:
             self.plan_panel.set_entry(None)
+            self.profiles.show_entry(None)
             self._outcome = None
             self.memory.set_bars([])
             self.memory.set_verdict("", ok=True, nearest=False)
@@ -785,8 +841,9 @@ class MainWindow(QMainWindow):
         if self.plan_panel.entry is not None and self.plan_panel.entry.id == entry.id:
             self.plan_panel.set_entry(entry, self.plan_panel.full_settings())
         else:
-            ov = self.settings.model_overrides.get(entry.id)
-            self.plan_panel.set_entry(entry, initial_settings(entry, ov))
+            self.profiles.before_set_entry(entry)
+            self.plan_panel.set_entry(entry, self.profiles.show_entry(entry))
+            self.profiles.after_set_entry(entry)
         self._schedule_plan()
 
     def _schedule_plan(self) -> None:
@@ -807,11 +864,9 @@ class MainWindow(QMainWindow):
         )
         extra = self.plan_panel.extra_args()  # read on the GUI thread, like the settings
         subset = self.plan_panel.selected_gpus()
-        self.planner.submit(
-            lambda: plan_model(
-                entry, settings, hw, reserve, resolver, extra_args=extra, gpu_subset=subset
-            )
-        )
+        # the panel shows the model's profile: nothing for the profile to fill in
+        plan = partial(plan_model, extra_args=extra, gpu_subset=subset, given=WINDOW_FIELDS)
+        self.planner.submit(lambda: plan(entry, settings, hw, reserve, resolver))
 
     def _on_plan(self, outcome: object) -> None:
         assert isinstance(outcome, PlanOutcome)
@@ -842,7 +897,9 @@ class MainWindow(QMainWindow):
             outcome.bash, outcome.powershell, outcome.command.warnings, outcome.engine,
             shown=(outcome.shown_bash, outcome.shown_powershell),
         )  # fmt: skip
-        self.start_button.setEnabled(outcome.command.runnable)
+        self._sync_start_button()
+        self._fit_detail_split()
+        self._start_if_asked(outcome)
 
     def _refresh_bars(self) -> None:
         o = self._outcome
@@ -854,6 +911,7 @@ class MainWindow(QMainWindow):
 
     def _on_engines_changed(self) -> None:
         self._refresh_bars()
+        self._sync_start_button()
         self._update_tray_lists()
         if not self._hardware.what_if and self._hardware.gpus:
             self.fleet.read_now()  # the cards' free memory moved: read it, then re-plan
@@ -908,7 +966,7 @@ class MainWindow(QMainWindow):
         # the plan's hardware: the cards' free memory now and the engine build's rules
         hw = o.hardware if o is not None and o.entry.id == entry.id else self._hardware
         subset, reserve = self.plan_panel.selected_gpus(), self.reserve_mib
-        self.statusBar().showMessage("Looking for the longest context that fits…")
+        self.show_work(FIT_MESSAGE)
         self.fitter.submit(
             lambda: (entry.id, fit_context(entry, settings, hw, reserve, gpu_subset=subset))
         )
@@ -916,6 +974,7 @@ class MainWindow(QMainWindow):
     def _on_fit_context(self, value: object) -> None:
         assert isinstance(value, tuple)
         entry_id, result = value
+        self.end_work(FIT_MESSAGE)
         current = self.plan_panel.entry
         if current is None or current.id != entry_id:
             return
@@ -933,10 +992,25 @@ class MainWindow(QMainWindow):
 
     def start_engine(self) -> int | None:
         """Start the command on show (the preview's, exactly) under the supervisor, off the GUI
-        thread; the Engines panel follows it. Returns the engine's id."""
+        thread; the Engines panel follows it. Returns the engine's id.
+
+        A model that runs already is not started twice: its engine is shown and selected (its
+        id returned). Under a what-if profile the plan's numbers are not this machine's: the
+        window asks first (`what_if_box`), and "Plan for this machine" switches the plan and
+        starts once this machine's plan is in."""
         o = self._outcome
         current = self.plan_panel.entry
+        running = self.running_engine_of(current.id) if current is not None else None
+        if current is not None and running is not None:
+            self.focus_engine(running)
+            self.statusBar().showMessage(
+                f"{current.name} is running already: its engine is selected below", MESSAGE_MS
+            )
+            return running
         if o is None or current is None or o.entry.id != current.id or not o.command.runnable:
+            return None
+        if self._hardware.what_if:
+            self.ask_start_on_this_machine(current)
             return None
         if self.replan_timer.isActive() or self.planner.busy:
             self.statusBar().showMessage("The command is being updated; press Start again", 4000)
@@ -944,8 +1018,105 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(f"Starting {o.entry.name}…", 4000)
         return self.fleet.start(o)
 
+    def _sync_start_button(self) -> None:
+        """Start, or "Show engine" for a model that runs already; its tooltip says what a
+        press does (under a what-if profile: asks first)."""
+        current, o, b = self.plan_panel.entry, self._outcome, self.start_button
+        running = self.running_engine_of(current.id) if current is not None else None
+        if current is not None and running is not None:
+            b.setText("Show engine")
+            b.setToolTip(f"{current.name} runs already: show its engine in the Engines panel")
+            b.setEnabled(True)
+            return
+        b.setText("Start")
+        b.setEnabled(
+            o is not None and current is not None and o.entry.id == current.id
+            and o.command.runnable
+        )  # fmt: skip
+        b.setToolTip(
+            f"The plan is for {self._hardware.label}, not this machine: Start asks to plan for"
+            " this machine first"
+            if self._hardware.what_if
+            else "Run this command now and watch it in the Engines panel"
+        )
+
+    def running_engine_of(self, model_id: str) -> int | None:
+        """The id of an engine of `model_id` that is starting or running, else None."""
+        for e in self.engine_runner.engines.values():
+            if e.model_id == model_id and not e.state.final:
+                return e.id
+        return None
+
+    def focus_engine(self, eid: int) -> None:
+        """Show the Engines dock with engine `eid` selected (its log beside it)."""
+        self.engines_dock.show()
+        self.engines_dock.raise_()
+        self.engines_panel.select(eid)
+        self.engines_panel.table.setFocus(Qt.FocusReason.OtherFocusReason)
+
+    def ask_start_on_this_machine(self, entry: ModelEntry) -> QMessageBox:
+        """Start under a what-if profile: the engine would run here with numbers planned for
+        other cards. Offer to plan for this machine and start then, or to cancel."""
+        if self.what_if_box is not None:
+            self.what_if_box.raise_()
+            return self.what_if_box
+        box = QMessageBox(QMessageBox.Icon.Question, "Start on this machine?", "", parent=self)
+        box.setText(
+            f"The plan on show is for {self._hardware.label}, not for this machine. "
+            f"{entry.name} would run here with that plan's context and GPU layers."
+        )
+        box.setInformativeText(
+            f"Plan {entry.name} for this machine ("
+            + (", ".join(g.name for g in self._host.gpus) or "no GPU: CPU only")
+            + ") and start it then?"
+        )
+        switch = box.addButton("Plan for this machine and start", QMessageBox.ButtonRole.AcceptRole)
+        box.addButton(QMessageBox.StandardButton.Cancel)
+        box.setDefaultButton(switch)
+        box.finished.connect(lambda _r: self._what_if_answered(box, switch, entry.id))
+        self.what_if_box = box
+        box.open()
+        return box
+
+    def _what_if_answered(self, box: QMessageBox, switch: object, entry_id: str) -> None:
+        if self.what_if_box is box:
+            self.what_if_box = None
+        box.deleteLater()
+        if box.clickedButton() is not switch:
+            return
+        self._start_when_planned = entry_id
+        self.set_hardware(hardware.THIS_MACHINE)
+        self.statusBar().showMessage("Planning for this machine, then starting…", MESSAGE_MS)
+
+    def _start_if_asked(self, outcome: PlanOutcome) -> None:
+        """After "Plan for this machine and start": start once this machine's plan is in."""
+        wanted = self._start_when_planned
+        if wanted is None or self._hardware.what_if:
+            return
+        if self.plan_panel.entry is None or self.plan_panel.entry.id != wanted:
+            self._start_when_planned = None  # the selection moved on: forget it
+            return
+        if outcome.entry.id != wanted or self.replan_timer.isActive() or self.planner.busy:
+            return  # a newer plan is on its way
+        self._start_when_planned = None
+        if outcome.command.runnable:
+            self.start_engine()
+        else:
+            notify.warning(f"{outcome.entry.name}: no command to run here", source=SOURCE)
+
     def _on_failed(self, what: str, error: str) -> None:
+        self.end_work(FIT_MESSAGE if what == "fit context" else self._scan_message)
         notify.error(f"{what} failed: {error}", source=SOURCE)
+
+    def show_work(self, text: str) -> str:
+        """A status message for work under way: it stays until `end_work(text)`."""
+        self.statusBar().showMessage(text)
+        return text
+
+    def end_work(self, text: str) -> None:
+        """The work `text` described is done: the message goes (unless another replaced it)."""
+        if text and self.statusBar().currentMessage() == text:
+            self.statusBar().clearMessage()
 
     # --- messages, keys, closing ------------------------------------------------------------
     def _show_message(self, message: object) -> None:
@@ -982,6 +1153,7 @@ class MainWindow(QMainWindow):
 
     def shutdown(self) -> None:
         """Stop and join every worker; forget the notifier (safe to call twice)."""
+        self.profiles.flush()  # the last edits reach the file
         self.replan_timer.stop()
         self._unsubscribe()
         if self.settings_watch is not None:
@@ -992,8 +1164,10 @@ class MainWindow(QMainWindow):
             worker.wait()
         self.engines_panel.timer.stop()
         self.fleet.wait()
-        if self.tray is None or self.tray.quit_choice is not QuitChoice.LEAVE:
-            self.engine_runner.stop_all()  # the quit path: every engine this window started
+        if self.tray is not None and self.tray.quit_choice is QuitChoice.LEAVE:
+            self.engine_runner.leave_all()  # "Leave them running": detached, adopted later
+        else:
+            self.engine_runner.stop_all()  # the quit path: all but those kept running
 
     def closeEvent(self, event: QCloseEvent) -> None:
         if self.tray is not None and self.tray.close_policy(event) is not CloseDecision.QUIT:

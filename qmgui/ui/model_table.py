@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import (
     QAbstractTableModel,
+    QEvent,
     QModelIndex,
+    QObject,
     QPersistentModelIndex,
     QSortFilterProxyModel,
     Qt,
@@ -24,6 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from qmgui.core.arch_names import architecture_tooltip, display_architecture
 from qmgui.core.discovery import ModelEntry
 from qmgui.core.units import format_bytes, natural_key
 from qmgui.ui.planning import Badge, BadgeResult
@@ -39,18 +42,20 @@ class Column:
     key: str  # stable: settings keep widths and the sort by key
     title: str
     width: int
+    least: int = 0  # a narrow table shrinks the column down to this (text elided, tooltip)
 
 
 COLUMNS: tuple[Column, ...] = (
     Column("name", "Name", 220),
-    Column("class", "Class", 70),
-    Column("arch", "Architecture", 92),
-    Column("quant", "Quant", 58),
-    Column("size", "Size", 70),
-    Column("context", "Context", 64),
-    Column("backend", "Backend", 96),
-    Column("fit", "Fit", 80),
+    Column("class", "Class", 80, 44),
+    Column("arch", "Arch", 84, 60),
+    Column("quant", "Quant", 58, 50),
+    Column("size", "Size", 70, 66),
+    Column("context", "Context", 64, 60),
+    Column("backend", "Backend", 96, 50),
+    Column("fit", "Fit", 80, 62),
 )
+NAME_LEAST = 120  # the Name column (stretched) keeps at least this much of a narrow table
 COLUMN_KEYS = tuple(c.key for c in COLUMNS)
 FIT_COLUMN = COLUMN_KEYS.index("fit")
 
@@ -203,7 +208,7 @@ class ModelTableModel(QAbstractTableModel):
         if key == "class":
             return "broken" if e.error else (m.model_class.value if m else "")
         if key == "arch":
-            return m.architecture if m and not e.error else ""
+            return display_architecture(m) if m and not e.error else ""
         if key == "quant":
             return (m.quant or "") if m else ""
         if key == "size":
@@ -236,6 +241,11 @@ class ModelTableModel(QAbstractTableModel):
         if key == "backend":
             choice = self._backends.get(e.id)
             return choice[1] if choice else None
+        if key == "arch" and e.meta is not None:
+            return architecture_tooltip(e.meta) or e.meta.architecture
+        if key in ("class", "quant", "size", "context"):
+            text = self._display(e, key)  # elided when the table is narrow: shown whole here
+            return text or None
         parts = [e.path]
         if len(e.shards) > 1:
             parts.append(f"{len(e.shards)} shards")
@@ -304,8 +314,13 @@ class ModelTable(QWidget):
         header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         header.setHighlightSections(False)
+        header.setTextElideMode(Qt.TextElideMode.ElideRight)  # "Cont…", never a cut-off word
+        self._wanted = {i: c.width for i, c in enumerate(COLUMNS) if i != 0}  # before fitting
+        self._fitting = False
         for i, c in enumerate(COLUMNS):
             self.view.setColumnWidth(i, c.width)
+        header.sectionResized.connect(self._on_section_resized)
+        self.view.viewport().installEventFilter(self)
         self.view.sortByColumn(0, Qt.SortOrder.AscendingOrder)
         self.view.selectionModel().currentRowChanged.connect(self._on_current)
         self.proxy.modelReset.connect(lambda: self.selected.emit(self.current_entry()))
@@ -348,14 +363,48 @@ class ModelTable(QWidget):
         entry = current.data(ENTRY_ROLE) if current.isValid() else None
         self.selected.emit(entry if isinstance(entry, ModelEntry) else None)
 
+    # --- column widths: every column in view, down to a narrow window ----------------------
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if watched is self.view.viewport() and event.type() == QEvent.Type.Resize:
+            self.fit_columns()
+        return super().eventFilter(watched, event)
+
+    def _on_section_resized(self, index: int, _old: int, new: int) -> None:
+        if index != 0 and not self._fitting:
+            self._wanted[index] = new  # the user dragged it: the width to come back to
+
+    def fit_columns(self) -> None:
+        """Show the columns at their wanted widths where the table is wide enough; where it is
+        not, shrink them (the widest slack first, down to each column's least width) so that
+        Name keeps `NAME_LEAST` and the Fit column stays in view without scrolling."""
+        room = self.view.viewport().width() - NAME_LEAST
+        widths = dict(self._wanted)
+        excess = sum(widths.values()) - room
+        if excess > 0:
+            slack = {i: max(w - COLUMNS[i].least, 0) for i, w in widths.items()}
+            total = sum(slack.values())
+            if total:
+                take = min(excess, total)
+                for i in widths:
+                    widths[i] -= -(-slack[i] * take // total)  # round up: never short of room
+        self._fitting = True
+        try:
+            for i, w in widths.items():
+                if self.view.columnWidth(i) != w:
+                    self.view.setColumnWidth(i, w)
+        finally:
+            self._fitting = False
+
     # --- remembered state, by column key -------------------------------------------------
     def column_widths(self) -> dict[str, int]:
-        return {c.key: self.view.columnWidth(i) for i, c in enumerate(COLUMNS) if i != 0}
+        """The wanted widths (what the user set), not those a narrow window shrank."""
+        return {COLUMNS[i].key: w for i, w in self._wanted.items()}
 
     def restore_column_widths(self, widths: dict[str, int]) -> None:
         for i, c in enumerate(COLUMNS):
             if i != 0 and widths.get(c.key, 0) > 20:
-                self.view.setColumnWidth(i, widths[c.key])
+                self._wanted[i] = widths[c.key]
+        self.fit_columns()
 
     def sort_state(self) -> tuple[str, str]:
         header = self.view.horizontalHeader()

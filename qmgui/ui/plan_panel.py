@@ -8,7 +8,7 @@ import math
 from dataclasses import replace
 
 from PySide6.QtCore import QSignalBlocker, Qt, Signal
-from PySide6.QtGui import QValidator
+from PySide6.QtGui import QResizeEvent, QValidator
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -26,10 +26,12 @@ from qmgui.core.discovery import ModelEntry
 from qmgui.core.emit import EmitError, split_args
 from qmgui.core.launch import CACHE_TYPES, CTX_PAD, LaunchSettings
 from qmgui.core.units import format_count
+from qmgui.ui.elided import ElidedLabel
 
 ALL_LAYERS = -1  # the GPU-layers spin box's special value: every layer (the engine default)
 AUTO_SLOTS = 0  # the slots spin box's special value: the engine's auto
 DEFAULT_CONTEXT = 8192  # a new selection starts here (or at the trained context when smaller)
+MAX_CONTEXT = 4 * 1024 * 1024  # what the context box takes when typed (the slider: trained)
 MAX_SLOTS = 64
 FLASH_CHOICES = ("auto", "on", "off")
 ALL_EXPERTS = -1  # the CPU-experts spin box's special value: every layer's experts (--cpu-moe)
@@ -62,6 +64,18 @@ def format_split(values: tuple[float, ...]) -> str:
 def snap(n: int, top: int) -> int:
     """The multiple of 256 nearest to `n`, within [256, top]."""
     return max(CTX_PAD, min(top, round(n / CTX_PAD) * CTX_PAD))
+
+
+def context_note(ctx: int, trained: int) -> str:
+    """What the line under the context box says: the trained context, and beyond it what
+    llama-server does (it allocates the whole cache but caps each slot at the trained
+    context, logging "the slot context … exceeds the training context … capping")."""
+    if ctx <= trained:
+        return f"trained context {trained:,} tokens"
+    return (
+        f"⚠ {ctx:,} is beyond the trained {trained:,} tokens: llama-server allocates the "
+        f"cache for all {ctx:,}, but caps each slot at {trained:,} (it logs “capping”)"
+    )
 
 
 class _ExpertsSpin(QSpinBox):
@@ -101,7 +115,7 @@ class PlanPanel(QWidget):
         self._split: tuple[float, ...] = ()  # the last valid split
         self._extra_args = ""  # the last extra arguments that split
 
-        self.title = QLabel("No model selected", self)
+        self.title = ElidedLabel("No model selected", self)
         font = self.title.font()
         font.setPointSizeF(font.pointSizeF() * 1.15)
         font.setBold(True)
@@ -121,7 +135,7 @@ class PlanPanel(QWidget):
         self.ctx_spin.setGroupSeparatorShown(True)
         self.ctx_spin.setSuffix(" tokens")
         self.ctx_spin.setKeyboardTracking(False)
-        self.ctx_max = QLabel("", self)
+        self.ctx_max = QLabel("", self)  # the trained context, or what happens beyond it
         self.fit_button = QPushButton("Fit context", self)
         self.fit_button.setToolTip("The longest context that fits this hardware")
 
@@ -171,6 +185,7 @@ class PlanPanel(QWidget):
         self.extra_args_edit.setClearButtonEnabled(True)
         self.extra_args_edit.setAccessibleName("Extra arguments")
         self._split_tip = ""
+        self._has_meta = False
         self._extra_tip = (
             "More llama-server arguments, appended last; one that repeats a flag set above "
             "replaces it. Quote with '…' or \"…\" to keep spaces"
@@ -189,15 +204,7 @@ class PlanPanel(QWidget):
         kv_row.addWidget(QLabel("V", self))
         kv_row.addWidget(self.ctv)
         kv_row.addStretch(1)
-        other_row = QHBoxLayout()
-        other_row.addWidget(self.slots)
-        other_row.addSpacing(16)
-        other_row.addWidget(QLabel("Flash attention", self))
-        other_row.addWidget(self.flash)
-        other_row.addSpacing(16)
-        other_row.addWidget(QLabel("GPU layers", self))
-        other_row.addWidget(self.ngl)
-        other_row.addStretch(1)
+        other_row, flash_row = self._slots_rows()
         self.offload_row = QWidget(self)  # hidden when it holds nothing (dense model, 1 GPU)
         offload = QHBoxLayout(self.offload_row)
         offload.setContentsMargins(0, 0, 0, 0)
@@ -208,6 +215,8 @@ class PlanPanel(QWidget):
         offload.addWidget(self.split, 1)
         offload.addStretch(1)
 
+        self.ctx_max.setWordWrap(True)
+        self.ctx_max.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
         form = QFormLayout(self)
         form.setContentsMargins(0, 0, 0, 0)
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
@@ -217,10 +226,58 @@ class PlanPanel(QWidget):
         form.addRow("", self.ctx_max)
         form.addRow("KV cache", kv_row)
         form.addRow("Slots", other_row)
+        form.addRow("Flash attention", flash_row)
+        self._form = form
         form.addRow(self.offload_row)
         self.gpu_label = QLabel("Run on", self)
         form.addRow(self.gpu_label, self.gpu_row)
         form.addRow("Extra args", self.extra_args_edit)
+
+    def _slots_rows(self) -> tuple[QHBoxLayout, QHBoxLayout]:
+        """Slots, flash attention and GPU layers: one row where the panel is wide enough, else
+        flash attention on a row of its own (`_place_flash`)."""
+        self._other_row = other_row = QHBoxLayout()
+        other_row.addWidget(self.slots)
+        other_row.addSpacing(16)
+        self._flash_inline = QLabel("Flash attention", self)
+        other_row.addWidget(self._flash_inline)
+        other_row.addSpacing(16)
+        self._ngl_label = QLabel("GPU layers", self)
+        other_row.addWidget(self._ngl_label)
+        other_row.addWidget(self.ngl)
+        other_row.addStretch(1)
+        self._flash_row = flash_row = QHBoxLayout()
+        flash_row.addWidget(self.flash)
+        flash_row.addStretch(1)
+        self._flash_wide: bool | None = None
+        return other_row, flash_row
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self._place_flash()
+
+    def _place_flash(self) -> None:
+        """Flash attention beside slots and GPU layers when they fit on one line, else on its
+        own row (a narrow window: nothing clipped, nothing scrolled sideways)."""
+        fm = self.fontMetrics()
+        labels = ("Context", "KV cache", "Slots", "Extra args")
+        label_w = max(fm.horizontalAdvance(t) for t in labels) + 16
+        row_w = sum(
+            w.sizeHint().width()
+            for w in (self.slots, self._flash_inline, self.flash, self._ngl_label, self.ngl)
+        )
+        wide = self.width() >= label_w + row_w + 2 * 16 + 6 * self._other_row.spacing() + 8
+        if wide == self._flash_wide:
+            return
+        self._flash_wide = wide
+        if wide:
+            self._flash_row.removeWidget(self.flash)
+            self._other_row.insertWidget(3, self.flash)
+        else:
+            self._other_row.removeWidget(self.flash)
+            self._flash_row.insertWidget(0, self.flash)
+        self._flash_inline.setVisible(wide)
+        self._form.setRowVisible(self._flash_row, not wide)
 
     def _wire(self) -> None:
 
@@ -269,12 +326,13 @@ class PlanPanel(QWidget):
         top = max(self._trained // CTX_PAD, 1)
         with QSignalBlocker(self.ctx_slider), QSignalBlocker(self.ctx_spin):
             self.ctx_slider.setMaximum(top)
-            self.ctx_spin.setMaximum(top * CTX_PAD)
+            # typed, any context is taken (beyond the trained one: `ctx_max` says what happens)
+            self.ctx_spin.setMaximum(max(MAX_CONTEXT, top * CTX_PAD))
         self._is_moe = bool(meta and meta.is_moe)
         with QSignalBlocker(self.ngl), QSignalBlocker(self.cpu_moe):
             self.ngl.setMaximum(self._n_layers)
             self.cpu_moe.setMaximum(meta.n_layer if meta and self._is_moe else 0)
-        self.ctx_max.setText(f"trained context {self._trained:,} tokens" if meta else "")
+        self._has_meta = meta is not None
         enabled = bool(meta) and not (entry and entry.error)
         for w in (self.ctx_slider, self.ctx_spin, self.fit_button, self.slots, self.ctk,
                   self.ctv, self.flash, self.ngl, self.cpu_moe, self.split,
@@ -324,9 +382,10 @@ class PlanPanel(QWidget):
         widgets = (self.ctx_slider, self.ctx_spin, self.slots, self.ctk, self.ctv, self.flash,
                    self.ngl, self.cpu_moe, self.split)  # fmt: skip
         blockers = [QSignalBlocker(w) for w in widgets]
-        ctx = snap(s.ctx_size or self._trained, self._trained // CTX_PAD * CTX_PAD or CTX_PAD)
+        ctx = snap(s.ctx_size or self._trained, self.ctx_spin.maximum())
         self.ctx_slider.setValue(ctx // CTX_PAD)
         self.ctx_spin.setValue(ctx)
+        self._show_ctx_note(ctx)
         self.slots.setValue(s.parallel or AUTO_SLOTS)
         self.ctk.setCurrentText(s.cache_type_k)
         self.ctv.setCurrentText(s.cache_type_v)
@@ -390,6 +449,23 @@ class PlanPanel(QWidget):
         self._update_split_tip()
         self._split_edited(self.split.text(), notify=False)
         self._show_offload_row()
+
+    def select_gpus(self, subset: tuple[int, ...]) -> None:
+        """Check the GPUs at positions `subset` (a model's saved devices); () or a position
+        this hardware lacks: all of them. Emits nothing."""
+        valid = bool(subset) and all(0 <= i < len(self._gpu_boxes) for i in subset)
+        for i, box in enumerate(self._gpu_boxes):
+            with QSignalBlocker(box):
+                box.setChecked(not valid or i in subset)
+        self._update_split_tip()
+        self._split_edited(self.split.text(), notify=False)
+        self._show_offload_row()
+
+    def set_extra_args(self, text: str) -> None:
+        """Show `text` as the extra arguments (a model's saved ones). Emits nothing."""
+        with QSignalBlocker(self.extra_args_edit):
+            self.extra_args_edit.setText(text)
+        self._extra_args_edited(text, notify=False)
 
     def selected_gpus(self) -> tuple[int, ...]:
         """Positions of the GPUs the engine may use; () = all of them."""
@@ -469,6 +545,7 @@ class PlanPanel(QWidget):
     def _slider_moved(self, k: int) -> None:
         with QSignalBlocker(self.ctx_spin):
             self.ctx_spin.setValue(k * CTX_PAD)
+        self._show_ctx_note(k * CTX_PAD)
         self.changed.emit()
 
     def _spin_changed(self, value: int) -> None:
@@ -476,5 +553,10 @@ class PlanPanel(QWidget):
         with QSignalBlocker(self.ctx_spin), QSignalBlocker(self.ctx_slider):
             if snapped != value:
                 self.ctx_spin.setValue(snapped)
-            self.ctx_slider.setValue(snapped // CTX_PAD)
+            self.ctx_slider.setValue(snapped // CTX_PAD)  # beyond trained: the slider's end
+        self._show_ctx_note(snapped)
         self.changed.emit()
+
+    def _show_ctx_note(self, ctx: int) -> None:
+        self.ctx_max.setWordWrap(ctx > self._trained)  # one short line needs no wrapping room
+        self.ctx_max.setText(context_note(ctx, self._trained) if self._has_meta else "")

@@ -15,6 +15,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from qmgui.ui.elided import ElidedLabel
+
 BASH = "bash"
 POWERSHELL = "powershell"
 
@@ -29,7 +31,7 @@ class PreviewPane(QWidget):
         self._lines = {BASH: "", POWERSHELL: ""}
         self._shown = dict(self._lines)
         title = QLabel("<b>Launch command</b>", self)
-        self.engine = QLabel("", self)
+        self.engine = ElidedLabel("", self, Qt.TextElideMode.ElideRight)
         self.engine.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.bash = QRadioButton("bash", self)
         self.powershell = QRadioButton("PowerShell", self)
@@ -92,7 +94,7 @@ class PreviewPane(QWidget):
         self._lines = {BASH: bash, POWERSHELL: powershell}
         self._shown = {BASH: shown[0], POWERSHELL: shown[1]} if shown else dict(self._lines)
         self.engine.setText(engine.split(":", 1)[0])
-        self.engine.setToolTip(engine)
+        self.engine.set_tip(engine)
         self._show()
         self.copy_button.setEnabled(bool(bash))
         if warnings:

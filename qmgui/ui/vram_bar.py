@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from PySide6.QtCore import QRectF, QSize, Qt, Signal
-from PySide6.QtGui import QColor, QFont, QPainter, QPaintEvent, QPalette, QPen
+from PySide6.QtGui import QColor, QFont, QFontMetrics, QPainter, QPaintEvent, QPalette, QPen
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
@@ -184,6 +184,9 @@ class VramBar(QWidget):
         if s.over:
             p.setPen(OVER_COLOUR)
             total += "  — over"
+        # a narrow panel: the totals give way (elided; the tooltip has them all), not the title
+        room = w - QFontMetrics(bold).horizontalAdvance(s.title) - 12
+        total = fm.elidedText(total, Qt.TextElideMode.ElideRight, max(room, 0))
         p.drawText(title_rect, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter, total)
 
         self._paint_bar(p, s, QRectF(0.5, text_h + 4.5, w - 1.0, BAR_HEIGHT - 1.0))

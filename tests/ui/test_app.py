@@ -96,3 +96,45 @@ def test_the_window_ends_cleanly_on_a_signal(tmp_path: Path, signum: int) -> Non
             proc.wait()
     assert proc.returncode == 0, out
     assert "stopping" in out  # its handler ran: the default action would exit with -signum
+
+
+@pytest.fixture
+def dark_app(qapp):  # type: ignore[no-untyped-def]
+    """The dark theme on the shared QApplication, put back as it was afterwards."""
+    from PySide6.QtGui import QPalette
+    from PySide6.QtWidgets import QStyleFactory
+
+    from qmgui.app import apply_theme
+
+    style, palette = qapp.style().name(), QPalette(qapp.palette())
+    apply_theme(qapp, "dark")
+    yield qapp
+    qapp.setStyle(QStyleFactory.create(style))
+    qapp.setPalette(palette)
+
+
+def _spread(image, x0: int, x1: int, y0: int, y1: int) -> int:  # type: ignore[no-untyped-def]
+    """The largest lightness difference between two pixels of a region."""
+    values = [image.pixelColor(x, y).lightness() for x in range(x0, x1) for y in range(y0, y1)]
+    return max(values) - min(values)
+
+
+def test_dark_theme_draws_visible_radio_and_check_boxes(qtbot, dark_app) -> None:  # type: ignore[no-untyped-def]
+    from PySide6.QtWidgets import QCheckBox, QMessageBox, QRadioButton, QStyle
+
+    from qmgui.app import dark_palette
+
+    window_colour = dark_palette().color(dark_palette().ColorRole.Window)
+    for widget in (QRadioButton("bash"), QCheckBox("GPU 0")):
+        qtbot.addWidget(widget)
+        widget.resize(widget.sizeHint())
+        image = widget.grab().toImage()
+        w = widget.style().pixelMetric(QStyle.PixelMetric.PM_IndicatorWidth)
+        h = image.height()
+        # the unchecked indicator's ring/box stands out of the dark background
+        assert _spread(image, 0, w + 2, 0, h) >= 60, type(widget).__name__
+        assert image.pixelColor(image.width() - 1, 0).lightness() < 80  # the window is dark
+    box = QMessageBox(QMessageBox.Icon.Question, "Quit", "Quit qmgui?")
+    qtbot.addWidget(box)
+    assert box.palette().color(box.backgroundRole()) == window_colour
+    assert box.palette().color(box.foregroundRole()).lightness() > 200

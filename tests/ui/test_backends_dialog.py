@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QKeySequence
-from PySide6.QtWidgets import QDialogButtonBox
+from PySide6.QtWidgets import QDialogButtonBox, QMessageBox
 
 from qmgui.core.backends import Backend
 from qmgui.core.discovery import ModelEntry
@@ -390,3 +390,60 @@ def test_read_only_settings_are_never_overwritten(make_dialog, tmp_path: Path) -
     assert "cannot be saved" in d.status.text()
     assert path.read_bytes() == before
     assert os.listdir(tmp_path).count("settings.json") == 1
+
+
+# --- closing with unsaved changes -----------------------------------------------------------
+
+
+def _answer(d: BackendsDialog, button: QMessageBox.StandardButton) -> None:
+    box = d.unsaved_box
+    assert box is not None and box.isVisible()
+    assert box.button(button) is not None
+    box.button(button).click()
+
+
+def test_close_with_unsaved_changes_asks_save_discard_or_cancel(
+    qtbot,
+    make_dialog,
+    settings_file: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    b = QMessageBox.StandardButton
+    d = make_dialog(entry("a", "llama", star=("llm",)), entry("b", "llama"))
+    assert d.select_id("b")
+    d.remove_selected()
+    assert d.dirty
+
+    # Cancel: still open, the change still there, nothing written
+    d.buttons.button(QDialogButtonBox.StandardButton.Close).click()
+    assert d.isVisible()
+    _answer(d, b.Cancel)
+    qtbot.waitUntil(lambda: d.unsaved_box is None)
+    assert d.isVisible() and d.dirty and column(d, "ID") == ["a"]
+    assert [e.id for e in load_settings(settings_file).settings.backends] == ["a", "b"]
+
+    # Esc asks too; Save writes the change and closes
+    qtbot.keyClick(d, Qt.Key.Key_Escape)
+    assert d.isVisible()
+    _answer(d, b.Save)
+    qtbot.waitUntil(lambda: not d.isVisible())
+    assert [e.id for e in load_settings(settings_file).settings.backends] == ["a"]
+
+
+def test_close_discard_throws_the_changes_away_and_a_clean_dialog_just_closes(
+    qtbot,
+    make_dialog,
+    settings_file: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    b = QMessageBox.StandardButton
+    d = make_dialog(entry("a", "llama", star=("llm",)))
+    d.close()  # nothing changed: no question
+    assert not d.isVisible() and d.unsaved_box is None
+
+    d2 = make_dialog()
+    d2.set_star(None, "llm")
+    assert d2.dirty
+    d2.close()  # the title bar's ×
+    assert d2.isVisible()
+    _answer(d2, b.Discard)
+    qtbot.waitUntil(lambda: not d2.isVisible())
+    assert load_settings(settings_file).settings.backends[0].to_core().default_for == {"llm"}

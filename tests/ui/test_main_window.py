@@ -274,3 +274,85 @@ def test_the_preview_shows_secrets_redacted_and_copies_them(
     assert "s3cret-key" not in w.preview.text.toPlainText()
     w.preview.copy()
     assert "s3cret-key" in QApplication.clipboard().text()  # what runs, for the user's own use
+
+
+# --- Start, and messages that end with their work ---------------------------------------
+
+
+def test_added_scanning_message_ends_with_the_scan(qtbot, make_window, models: Path) -> None:  # type: ignore[no-untyped-def]
+    w = make_window()
+    settle(qtbot, w)
+    w.add_roots([str(models)])
+    assert w.statusBar().currentMessage() == "Added models; scanning…"
+    settle(qtbot, w)
+    assert w.table.model.rowCount() > 0
+    assert "scanning" not in w.statusBar().currentMessage()
+
+
+def test_start_under_a_what_if_profile_asks_then_plans_here(  # type: ignore[no-untyped-def]
+    qtbot, make_window, models: Path, monkeypatch
+) -> None:
+    from PySide6.QtWidgets import QMessageBox
+
+    from qmgui.ui import hardware
+
+    w = make_window([str(models)], hardware_choice="2× RTX 3090")
+    settle(qtbot, w)
+    select(qtbot, w, "tiny-llama")
+    started: list[object] = []
+    monkeypatch.setattr(w.fleet, "start", lambda o: started.append(o) or 7)
+    assert "asks to plan for this machine" in w.start_button.toolTip()
+    # Start asks; Cancel leaves everything as it was
+    assert w.start_engine() is None
+    box = w.what_if_box
+    assert box is not None and box.isVisible() and "2× RTX 3090" in box.text()
+    box.button(QMessageBox.StandardButton.Cancel).click()
+    qtbot.waitUntil(lambda: w.what_if_box is None)
+    assert not started and w.hardware.what_if
+    # "Plan for this machine and start": the plan switches, then the engine starts with it
+    w.start_button.click()
+    box = w.what_if_box
+    assert box is not None
+    (switch,) = [b for b in box.buttons() if "this machine" in b.text()]
+    switch.click()
+    qtbot.waitUntil(lambda: bool(started), timeout=30_000)
+    settle(qtbot, w)
+    assert w.hardware.label == hardware.THIS_MACHINE and not w.hardware.what_if
+    (outcome,) = started
+    assert outcome is w.outcome and not outcome.hardware.what_if  # type: ignore[attr-defined]
+    assert "asks" not in w.start_button.toolTip()
+
+
+def test_start_on_a_running_model_selects_its_engine(  # type: ignore[no-untyped-def]
+    qtbot, make_window, models: Path, monkeypatch
+) -> None:
+    from qmgui.ui.engine_runner import Engine
+
+    w = make_window([str(models)])
+    settle(qtbot, w)
+    select(qtbot, w, "tiny-llama")
+    entry = w.plan_panel.entry
+    assert entry is not None
+    started: list[object] = []
+    monkeypatch.setattr(w.fleet, "start", lambda o: started.append(o) or 99)
+    # an engine of another model and one of this model, both starting (not ended)
+    runner = w.engine_runner
+    runner.engines[41] = Engine(41, "other", None, None, model_id="/other.gguf")
+    runner.engines[42] = Engine(42, entry.name, None, None, model_id=entry.id)
+    runner.added.emit(41)
+    runner.added.emit(42)
+    runner.changed.emit(42)
+    w.engines_panel.select(41)
+    w.engines_dock.hide()
+    try:
+        assert w.start_button.text() == "Show engine" and w.start_button.isEnabled()
+        w.start_button.click()
+        assert w.engines_panel.selected_id() == 42
+        w.engines_panel.select(41)
+        assert w.start_engine() == 42
+        assert not started  # no second copy
+        assert w.engines_dock.isVisible()
+        assert w.engines_panel.selected_id() == 42
+        assert "running already" in w.statusBar().currentMessage()
+    finally:
+        runner.engines.clear()

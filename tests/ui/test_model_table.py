@@ -74,3 +74,52 @@ def test_names_sort_naturally(qapp, tmp_path: Path) -> None:  # type: ignore[no-
     assert [m.data(m.index(r, 0)) for r in range(4)] == [
         "model-1", "model-2", "model-10", "model-100",
     ]  # fmt: skip
+
+
+def test_hf_folder_arch_reads_as_llama_cpp_names_it(qapp, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from tests.synth.factory import PRESETS, write_gguf, write_hf_folder
+
+    write_hf_folder(tmp_path / "m" / "hf-llama", architecture="LlamaForCausalLM")
+    write_gguf(tmp_path / "m" / "tiny-llama.gguf", PRESETS["llama"])
+    entries = scan([tmp_path / "m"]).models
+    m = ModelTableModel()
+    m.set_entries(entries)
+    arch = {e.name: m.data(m.index(r, _col("arch"))) for r, e in enumerate(m.entries)}
+    assert set(arch.values()) == {"llama"}  # one vocabulary: not "LlamaForCausalLM"
+    hf = next(r for r, e in enumerate(m.entries) if e.format == "hf")
+    assert "LlamaForCausalLM" in m.data(m.index(hf, _col("arch")), Qt.ItemDataRole.ToolTipRole)
+
+
+def test_window_at_1024x700_shows_name_to_fit_without_scrolling(  # type: ignore[no-untyped-def]
+    qtbot, make_window, models: Path
+) -> None:
+    from tests.ui.conftest import settle
+
+    w = make_window([str(models)])
+    w.resize(1024, 700)
+    settle(qtbot, w)
+    assert w.table.select_name("tiny-llama")
+    settle(qtbot, w)
+    qtbot.waitUntil(lambda: w.width() == 1024)
+    view = w.table.view
+    header = view.horizontalHeader()
+    viewport = view.viewport().width()
+    fit = _col("fit")
+    assert view.horizontalScrollBar().maximum() == 0  # nothing hides behind a scrollbar
+    assert header.sectionViewportPosition(0) == 0 and header.sectionSize(0) >= 100  # Name
+    right = header.sectionViewportPosition(fit) + header.sectionSize(fit)
+    assert header.sectionViewportPosition(fit) > 0 and right <= viewport  # Fit, whole
+    for key in ("context", "backend"):
+        assert header.sectionViewportPosition(_col(key)) + header.sectionSize(_col(key)) <= viewport
+    # the plan beside it scrolls rather than squeezing or clipping its controls
+    scroll = w.detail_scroll
+    assert scroll.horizontalScrollBar().maximum() == 0
+    panel = w.plan_panel
+    for box in (panel.ctx_spin, panel.ctk, panel.slots, panel.flash, panel.ngl):
+        assert box.height() >= box.minimumSizeHint().height(), box
+        assert box.mapTo(scroll.widget(), box.rect().bottomRight()).x() <= scroll.viewport().width()
+    assert not panel._flash_inline.isVisible()  # flash attention on a row of its own
+    # wider again: the columns come back to their widths, flash attention joins the slots
+    w.resize(1920, 1080)
+    qtbot.waitUntil(lambda: header.sectionSize(_col("backend")) == 96)
+    qtbot.waitUntil(panel._flash_inline.isVisible)

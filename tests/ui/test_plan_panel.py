@@ -236,3 +236,28 @@ def test_plan_model_runs_on_the_chosen_gpus(tmp_path: Path) -> None:
     assert second in names and first not in names
     argv = list(o.command.argv)
     assert argv[argv.index("--device") + 1] == "CUDA1"
+
+
+def test_context_beyond_trained_is_kept(qtbot, panel: PlanPanel, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    dense = entry_of(tmp_path, "llama")
+    assert dense.meta is not None
+    trained = dense.meta.context_length
+    assert trained == 4096
+    panel.set_entry(dense)
+    assert panel.ctx_max.text() == "trained context 4,096 tokens"
+    panel.ctx_spin.lineEdit().selectAll()
+    with qtbot.waitSignal(panel.changed):
+        qtbot.keyClicks(panel.ctx_spin, "32768")
+        qtbot.keyClick(panel.ctx_spin, Qt.Key.Key_Return)
+    assert panel.ctx_spin.value() == 32768  # not 3,328 (the keystrokes cut at the trained max)
+    assert panel.settings().ctx_size == 32768
+    assert panel.ctx_slider.value() == panel.ctx_slider.maximum()
+    note = panel.ctx_max.text()
+    assert "32,768 is beyond the trained 4,096" in note and "caps each slot at 4,096" in note
+    # back within the trained context: the plain line again
+    panel.ctx_slider.setValue(8)
+    assert panel.ctx_spin.value() == 2048
+    assert panel.ctx_max.text() == "trained context 4,096 tokens"
+    # a saved override beyond trained is shown as it is
+    panel.apply(LaunchSettings(ctx_size=65536))
+    assert panel.ctx_spin.value() == 65536 and "65,536 is beyond" in panel.ctx_max.text()
