@@ -28,7 +28,10 @@ EXIT_BROKEN_PIPE = 141  # what a shell reports for a program ended by SIGPIPE (1
 EXIT_OK = 0
 EXIT_USAGE = 2
 # the order commands are listed in `qmgui --help`; modules not named here follow, sorted
-ORDER = ("scan", "roots", "plan", "place", "preview", "serve", "export", "backends", "doctor")
+ORDER = (
+    "scan", "roots", "plan", "place", "preview", "import_cmd", "serve", "export", "backends",
+    "doctor",
+)  # fmt: skip
 
 
 WINDOW_HELP = """\
@@ -49,6 +52,17 @@ def _command_names() -> list[str]:
     names = [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")]
     names.sort(key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
     return names
+
+
+# commands whose module has another name (`import` is a Python keyword)
+_MODULE_OF = {"import": "import_cmd"}
+
+
+def _module_for(word: str) -> str | None:
+    """The module of the command `word`, or None when it names none."""
+    if word in _MODULE_OF:
+        return _MODULE_OF[word]
+    return word if word in _command_names() else None
 
 
 def _command_modules(only: str | None = None) -> list[ModuleType]:
@@ -143,7 +157,7 @@ def main(
     err = err or sys.stderr
     argv = join_extra(sys.argv[1:] if argv is None else argv)
     # a command named first: only its module is imported, so `qmgui plan` starts fast
-    parser = build_parser(argv[0] if argv and argv[0] in _command_names() else None)
+    parser = build_parser(_module_for(argv[0]) if argv else None)
     if argv and not argv[0].startswith("-") and _is_path(argv[0], parser):
         argv = ["scan", *argv]  # `qmgui ~/models`: what a user means is a scan of it
     try:

@@ -33,6 +33,11 @@ from PySide6.QtWidgets import (
 )
 
 from qmgui import notify
+from qmgui.core.command_import import (
+    CommandError,
+    ParsedCommand,
+    parse_command,
+)
 from qmgui.core.discovery import ModelEntry, entry_for_path
 from qmgui.core.errors import SettingsError
 from qmgui.core.launch import LaunchSettings
@@ -40,12 +45,9 @@ from qmgui.core.profile import (
     LAUNCH_FIELDS,
     PANEL_FIELDS,
     VLLM_FIELDS,
-    CommandError,
-    ParsedCommand,
     apply_profile,
     clean,
     describe,
-    parse_command,
     profile_from_settings,
 )
 from qmgui.core.vllm import PARSER_OFF, QWEN3_CODER_PARSER, TOOL_CALL_PARSERS

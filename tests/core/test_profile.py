@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import pytest
 
+from qmgui.core.command_import import (
+    CommandError,
+    parse_command,
+    probe_aliases,
+    quote_token,
+)
 from qmgui.core.emit import split_each
 from qmgui.core.launch import LaunchSettings
 from qmgui.core.profile import (
     LAUNCH_FIELDS,
-    CommandError,
     apply_profile,
     describe,
-    parse_command,
-    probe_aliases,
     profile_from_settings,
-    quote_token,
     settings_fields,
     vllm_pins,
 )
