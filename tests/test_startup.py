@@ -21,7 +21,10 @@ from tests.synth.factory import PRESETS, write_gguf
 # what plan needs neither of: numpy (the gguf package's enums), and what only other commands
 # use (settings and pydantic, engines, the llama-swap exporter's yaml)
 NUMPY = ("numpy", "gguf")
-OTHER_COMMANDS = ("pydantic", "yaml", "qmgui.settings", "qmgui.engines", "qmgui.cli.preview")
+OTHER_COMMANDS = (
+    "pydantic", "yaml", "qmgui.settings", "qmgui.engines", "qmgui.cli.preview",
+    "qmgui.core.command_import", "qmgui.core.emit",  # `qmgui import` reads commands, not plan
+)  # fmt: skip
 
 PLAN_CHECK = """
 import io, json, sys
