@@ -30,7 +30,7 @@ from qmgui.core.footprint import Gpu
 from qmgui.core.launch import LaunchSettings
 from qmgui.core.meta import ModelClass
 from qmgui.core.profile import Profile, apply_profile, extra_args_of, vllm_pins
-from qmgui.core.vllm import plan_vllm
+from qmgui.core.vllm import VllmPlan, plan_vllm
 from qmgui.engines.llama_run import find_llama_server
 from qmgui.engines.supervisor import EngineSpec
 from qmgui.service.profile import profile_of
@@ -91,6 +91,7 @@ class Emitted:
     target: Target
     health: str
     comments: tuple[str, ...] = ()
+    vllm: VllmPlan | None = None  # a vLLM launch's plan (the window draws its bars)
 
 
 @dataclass
@@ -300,6 +301,7 @@ def emit_model(
     health = HEALTH.get(target.kind, "/health")
     common: dict[str, Any] = {"executable": target.executable, "port": req.port}
     comments: list[str] = []
+    vllm_plan: VllmPlan | None = None
     if target.kind == "llama":
         cmd = emit_llama.emit_llama(
             entry,
@@ -314,7 +316,9 @@ def emit_model(
             comments = _llama_estimate(entry, settings, req)
     elif target.kind == "vllm":
         pins = {**profile, **req.vllm, "ctx_size": settings.ctx_size}
-        cmd, comments = _vllm(entry, target, req, pins, extra=extra, pin=pin, common=common)
+        cmd, comments, vllm_plan = _vllm(
+            entry, target, req, pins, extra=extra, pin=pin, common=common
+        )
     elif target.kind == "sd":
         cmd = emit_sd.emit_sd(entry, devices=pin, extra_args=extra, **common)
     elif target.kind == "whisper":
@@ -333,7 +337,7 @@ def emit_model(
         cmd = skipped(f"{entry.name}: qmgui writes no commands for {target.kind} backends yet")
     if target.notes:
         cmd = replace(cmd, warnings=(*target.notes, *cmd.warnings))
-    return Emitted(cmd, target, health, tuple(comments))
+    return Emitted(cmd, target, health, tuple(comments), vllm_plan)
 
 
 def _llama_estimate(entry: ModelEntry, settings: LaunchSettings, req: Request) -> list[str]:
@@ -357,9 +361,9 @@ def _vllm(
     extra: tuple[str, ...],
     pin: DevicePin | None,
     common: dict[str, Any],
-) -> tuple[Command, list[str]]:
+) -> tuple[Command, list[str], VllmPlan | None]:
     if entry.meta is None:
-        return skipped(f"{entry.name}: {entry.error or 'not a model'}"), []
+        return skipped(f"{entry.name}: {entry.error or 'not a model'}"), [], None
     gpu = req.gpus[0] if req.gpus else None
     budget = profile.get("vllm_budget_bytes")
     plan = plan_vllm(
@@ -382,7 +386,36 @@ def _vllm(
     comments = [vllm_comment(plan)] if cmd.runnable else []
     if cmd.runnable and not plan.fits:
         comments.append(f"does not fit: {plan.reason}")
-    return cmd, comments
+    return cmd, comments, plan
+
+
+# what to install when a kind's engine is missing (the window's Start and preview say it)
+INSTALL_HINTS = {
+    "llama": "download a llama.cpp release (github.com/ggml-org/llama.cpp/releases) or build "
+    "it, then add its llama-server under Backends…",
+    "vllm": "install it with `pip install vllm` (Linux, with an NVIDIA or AMD GPU), then add "
+    "its `vllm` under Backends… or put it on PATH",
+    "sd": "download a stable-diffusion.cpp release (github.com/leejet/stable-diffusion.cpp/"
+    "releases), then add its sd-server under Backends…",
+    "whisper": "download a whisper.cpp release (github.com/ggml-org/whisper.cpp/releases), "
+    "then add its whisper-server under Backends…",
+}
+
+
+def missing_engine(target: Target) -> str | None:
+    """A sentence when `target`'s executable is not installed (a path that is not there, or a
+    name not on PATH), saying what to install; None when it is there."""
+    exe = os.path.expanduser(target.executable)
+    if os.sep in exe or (os.altsep and os.altsep in exe):
+        if os.path.isfile(exe) and os.access(exe, os.X_OK):
+            return None
+        where = f"{exe} is not there (or not executable)"
+    elif shutil.which(exe) is not None:
+        return None
+    else:
+        where = f"{exe} was not found on PATH"
+    hint = INSTALL_HINTS.get(target.kind, "install it, or give its path under Backends…")
+    return f"{where}: {hint}"
 
 
 def load_quietly() -> LoadResult:

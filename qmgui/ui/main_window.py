@@ -47,7 +47,8 @@ from qmgui.core.backends import resolve_backend
 from qmgui.core.discovery import ModelEntry, ScanResult
 from qmgui.core.fit import FitResult
 from qmgui.core.launch import LaunchSettings
-from qmgui.core.units import MIB
+from qmgui.core.units import MIB, format_bytes
+from qmgui.core.vllm import VllmPlan
 from qmgui.engines.model_ports import choose_port, stored_port, with_port
 from qmgui.roots import plan_add
 from qmgui.service.launch import Resolver, default_executable, kind_for
@@ -876,7 +877,10 @@ class MainWindow(QMainWindow):
         self._outcome = outcome
         self._refresh_bars()
         fit = outcome.fit
-        if fit is None:
+        if fit is None and outcome.vllm is not None and outcome.error is None:
+            self.memory.set_verdict(self._vllm_verdict(outcome.vllm), ok=outcome.vllm.fits,
+                                    nearest=False)  # fmt: skip
+        elif fit is None:
             self.memory.set_verdict(outcome.error or "", ok=False, nearest=False)
         elif fit.fits:
             r = fit.footprint.settings
@@ -900,6 +904,18 @@ class MainWindow(QMainWindow):
         self._sync_start_button()
         self._fit_detail_split()
         self._start_if_asked(outcome)
+
+    def _vllm_verdict(self, plan: VllmPlan) -> str:
+        """A vLLM launch in words: the plan's own numbers, or why it does not fit."""
+        if not plan.fits:
+            return f"Does not fit (vLLM): {plan.reason}."
+        kv = plan.breakdown.kv_pool.nbytes if plan.breakdown else 0
+        gpus = f" on {plan.tensor_parallel} GPUs" if plan.tensor_parallel > 1 else ""
+        return (
+            f"Fits {self._hw_words()} (vLLM){gpus}: max model length "
+            f"{plan.max_model_len:,} tokens, GPU memory share "
+            f"{plan.gpu_memory_utilization:.2f}, KV pool {format_bytes(kv)}."
+        )
 
     def _refresh_bars(self) -> None:
         o = self._outcome
@@ -1009,6 +1025,9 @@ class MainWindow(QMainWindow):
             return running
         if o is None or current is None or o.entry.id != current.id or not o.command.runnable:
             return None
+        if o.missing is not None:  # nothing to start: say what to install
+            self.statusBar().showMessage(f"Cannot start {current.name}: {o.missing}", MESSAGE_MS)
+            return None
         if self._hardware.what_if:
             self.ask_start_on_this_machine(current)
             return None
@@ -1033,6 +1052,9 @@ class MainWindow(QMainWindow):
             o is not None and current is not None and o.entry.id == current.id
             and o.command.runnable
         )  # fmt: skip
+        if o is not None and o.missing is not None:
+            b.setToolTip(f"The engine is not installed: {o.missing}")
+            return
         b.setToolTip(
             f"The plan is for {self._hardware.label}, not this machine: Start asks to plan for"
             " this machine first"

@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from qmgui.core.arch_names import architecture_tooltip, display_architecture
 from qmgui.core.discovery import ModelEntry
 from qmgui.core.emit import EmitError, split_args
 from qmgui.core.launch import CACHE_TYPES, CTX_PAD, LaunchSettings
@@ -323,6 +324,8 @@ class PlanPanel(QWidget):
         else:
             self.title.setText(entry.name)
             self.subtitle.setText(self._describe(entry))
+            tip = architecture_tooltip(entry.meta) if entry.meta is not None else None
+            self.subtitle.setToolTip(tip or "")
         top = max(self._trained // CTX_PAD, 1)
         with QSignalBlocker(self.ctx_slider), QSignalBlocker(self.ctx_spin):
             self.ctx_slider.setMaximum(top)
@@ -348,7 +351,7 @@ class PlanPanel(QWidget):
             return f"Cannot be planned: {e.error}"
         if m is None:
             return ""
-        bits = [m.architecture, m.model_class.value]
+        bits = [display_architecture(m), m.model_class.value]
         if m.quant:
             bits.append(m.quant)
         if m.param_count:

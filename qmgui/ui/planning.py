@@ -27,8 +27,16 @@ from qmgui.core.meta import ModelClass
 from qmgui.core.shell import quote_bash, quote_powershell
 from qmgui.core.textsafe import redact_argv, redact_env
 from qmgui.core.units import MIB
+from qmgui.core.vllm import VllmPins, VllmPlan, plan_vllm
 from qmgui.engines.model_ports import choose_port
-from qmgui.service.launch import Request, Resolver, Target, UsageError, emit_model
+from qmgui.service.launch import (
+    Request,
+    Resolver,
+    Target,
+    UsageError,
+    emit_model,
+    missing_engine,
+)
 from qmgui.ui.hardware import Hardware
 from qmgui.ui.occupancy import gpu_index
 
@@ -101,6 +109,8 @@ def badge_context(entry: ModelEntry) -> int:
 def fit_badge(entry: ModelEntry, hw: Hardware, reserve_mib: int) -> BadgeResult:
     """Fits with every layer on the GPU(s), fits with some layers on the CPU, or not at all, at
     `badge_context` tokens with the engine's default settings."""
+    if entry.format == "hf" and entry.meta is not None and entry.error is None:
+        return _vllm_badge(entry, hw, reserve_mib)
     if not plannable(entry):
         why = entry.error or "qmgui sizes llama-server launches of GGUF language models"
         return BadgeResult(Badge.NOT_PLANNED, why)
@@ -124,6 +134,30 @@ def fit_badge(entry: ModelEntry, hw: Hardware, reserve_mib: int) -> BadgeResult:
     return BadgeResult(Badge.NO_FIT, f"{ctx} tokens: {result.reason}")
 
 
+def _vllm_badge(entry: ModelEntry, hw: Hardware, reserve_mib: int) -> BadgeResult:
+    """A Hugging Face folder, as vLLM would serve it: on one GPU of `hw` (the first), at
+    `badge_context` tokens, with vLLM's memory share sized to fit."""
+    assert entry.meta is not None
+    if not hw.gpus:
+        return BadgeResult(Badge.NOT_PLANNED, "vLLM needs a GPU; none is planned for")
+    gpu = hw.gpus[0]
+    ctx = badge_context(entry)
+    try:
+        plan = plan_vllm(
+            entry.meta,
+            gpu_total_bytes=gpu.total_bytes,
+            budget_bytes=max(gpu.available - reserve_mib * MIB, 1),
+            pins=VllmPins(max_model_len=ctx),
+        )
+    except SizingError as e:
+        return BadgeResult(Badge.NOT_PLANNED, str(e))
+    if plan.skipped:
+        return BadgeResult(Badge.NOT_PLANNED, plan.reason or "vLLM cannot serve it")
+    if plan.fits:
+        return BadgeResult(Badge.FITS, f"vLLM: {ctx} tokens fit on {gpu.name} ({hw.summary})")
+    return BadgeResult(Badge.NO_FIT, f"vLLM, {ctx} tokens: {plan.reason}")
+
+
 @dataclass(frozen=True)
 class PlanOutcome:
     """One planned launch: what it costs (None for models the planner does not size), why
@@ -142,6 +176,9 @@ class PlanOutcome:
     # as <redacted>, for screenshots and screen shares; Copy takes `bash`/`powershell`
     shown_bash: str = ""
     shown_powershell: str = ""
+    vllm: VllmPlan | None = None  # a vLLM launch's plan (its bars and verdict)
+    vllm_gpus: tuple[str, ...] = ()  # the GPUs that plan occupies (one per tensor-parallel rank)
+    missing: str | None = None  # the engine is not installed: what to install (Start says it)
 
 
 def plan_model(
@@ -189,30 +226,48 @@ def plan_model(
             error = str(e)
     else:
         error = entry.error or "qmgui sizes llama-server launches of GGUF language models only"
-    engine = ""
-    try:
-        target = resolver.target(entry) if target is None else target
-        if isinstance(target, str):
-            command = skipped(target)
-        else:
-            name = os.path.basename(target.executable) or target.executable
-            engine = f"{name} ({target.kind}): {target.reason}"
-            extra = tuple(split_args(extra_args))
-            req = Request(settings=settings, gpus=sized.gpus, reserve=reserve_mib * MIB,
-                          port=choose_port(resolver.loaded.settings, entry.id),
-                          extra=extra, devices=devices, given=given)  # fmt: skip
-            command = emit_model(entry, target, req, resolver.override(entry)).command
-    except (EmitError, SizingError, UsageError, ValueError) as e:
-        command = skipped(str(e))
+    req = Request(settings=settings, gpus=sized.gpus, reserve=reserve_mib * MIB,
+                  port=choose_port(resolver.loaded.settings, entry.id),
+                  extra=(), devices=devices, given=given)  # fmt: skip
+    command, engine, vllm, missing = _emit(entry, target, req, resolver, extra_args)
+    if vllm is not None and vllm.breakdown is not None and not vllm.skipped:
+        error = None  # sized: by vLLM's rules (core.vllm), not llama.cpp's
+    if missing is not None and command.runnable:
+        command = replace(command, warnings=(missing, *command.warnings))
     bash = quote_bash(command.argv, command.env) if command.runnable else ""
     ps = quote_powershell(command.argv, command.env) if command.runnable else ""
     shown_bash, shown_ps = bash, ps
     argv, env = redact_argv(command.argv), redact_env(command.env)
     if command.runnable and (argv, env) != (tuple(command.argv), dict(command.env)):
         shown_bash, shown_ps = quote_bash(argv, env), quote_powershell(argv, env)
+    vllm_gpus = tuple(g.name for g in sized.gpus[: vllm.tensor_parallel]) if vllm else ()
     return PlanOutcome(
-        entry, settings, hw, fit, error, command, bash, ps, engine, shown_bash, shown_ps
-    )
+        entry, settings, hw, fit, error, command, bash, ps, engine, shown_bash, shown_ps,
+        vllm, vllm_gpus, missing,
+    )  # fmt: skip
+
+
+def _emit(
+    entry: ModelEntry,
+    target: Target | str | None,
+    req: Request,
+    resolver: Resolver,
+    extra_args: str,
+) -> tuple[Command, str, VllmPlan | None, str | None]:
+    """The command on `target` (the plan panel's extra arguments appended), the engine line,
+    a vLLM launch's plan, and what to install when the engine is missing."""
+    engine = ""
+    try:
+        target = resolver.target(entry) if target is None else target
+        if isinstance(target, str):
+            return skipped(target), "", None, None
+        name = os.path.basename(target.executable) or target.executable
+        engine = f"{name} ({target.kind}): {target.reason}"
+        req = replace(req, extra=tuple(split_args(extra_args)))
+        emitted = emit_model(entry, target, req, resolver.override(entry))
+        return emitted.command, engine, emitted.vllm, missing_engine(target)
+    except (EmitError, SizingError, UsageError, ValueError) as e:
+        return skipped(str(e)), engine, None, None
 
 
 def fit_context(

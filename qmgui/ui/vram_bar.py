@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 
 from qmgui.core.footprint import CPU, DeviceFootprint
 from qmgui.core.units import GIB, format_bytes
+from qmgui.core.vllm import VllmPlan
 from qmgui.ui.occupancy import EngineLoad, EngineShare, LiveReading, others_on, shares_on
 from qmgui.ui.planning import PlanOutcome
 
@@ -97,6 +98,8 @@ def bars_for(
     hw = outcome.hardware
     fit = outcome.fit
     devices = {d.name: d for d in fit.footprint.devices} if fit else {}
+    if fit is None and outcome.vllm is not None:
+        devices = _vllm_devices(outcome.vllm, outcome.vllm_gpus)
     here = not hw.what_if
     bars: list[BarSpec] = []
     for g in hw.gpus:
@@ -114,6 +117,18 @@ def bars_for(
     others = others_on(CPU, live, loads)
     bars.append(BarSpec(title, hw.host_bytes, _segments(host), 0, over, engines, others))
     return bars
+
+
+def _vllm_devices(plan: VllmPlan, gpus: Sequence[str]) -> dict[str, DeviceFootprint]:
+    """What a vLLM launch holds on each GPU it uses (every tensor-parallel rank the same): its
+    weights, its KV pool, its overhead (activations, CUDA graphs, the runtime) as compute, and
+    whatever else its footprint counts."""
+    b = plan.breakdown
+    if b is None or plan.skipped:
+        return {}
+    w, kv, oh = b.weights.nbytes, b.kv_pool.nbytes, b.overhead.nbytes
+    rest = max(b.footprint.nbytes - w - kv - oh, 0)
+    return {g: DeviceFootprint(g, weights=w, kv=kv, compute=oh, other=rest) for g in gpus}
 
 
 class VramBar(QWidget):
