@@ -28,6 +28,7 @@ from qmgui.core.textsafe import printable
 from qmgui.engines.adopt import Adopted
 from qmgui.engines.ports import HOST, connect_host, url_host
 from qmgui.engines.registry import RunEntry, RunRegistry
+from qmgui.engines.supervisor import flag_value
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -67,20 +68,11 @@ def _owner_words(e: RunEntry) -> str:
     return f"run by qmgui pid {e.owner}" if e.owner_alive() else "left running"
 
 
-def _flag(argv: tuple[str, ...], flag: str) -> str | None:
-    for i, tok in enumerate(argv):
-        if tok == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if tok.startswith(flag + "="):
-            return tok.split("=", 1)[1]
-    return None
-
-
 def url_of(e: RunEntry) -> str | None:
     """Where to reach it from this machine (loopback for a wildcard host)."""
     if e.port is None:
         return None
-    return f"http://{url_host(connect_host(_flag(e.argv, '--host') or HOST))}:{e.port}"
+    return f"http://{url_host(connect_host(flag_value(e.argv, '--host') or HOST))}:{e.port}"
 
 
 def uptime_s(e: RunEntry) -> float:

@@ -33,6 +33,7 @@ import contextlib
 import json
 import signal
 import threading
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any, TextIO
 
@@ -227,7 +228,9 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
     return _run(Supervisor(spec, registry=registry), entry, req, args.json, out)
 
 
-def _run(sup: Supervisor, entry: Any, req: Any, as_json: bool, out: TextIO) -> int:
+@contextlib.contextmanager
+def _stop_signals() -> Iterator[threading.Event]:
+    """An event set by SIGINT, SIGTERM or SIGHUP while the block runs (handlers restored)."""
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -235,27 +238,42 @@ def _run(sup: Supervisor, entry: Any, req: Any, as_json: bool, out: TextIO) -> i
 
     handlers = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
     try:
-        sup.start()
-        while not stop.is_set() and not sup.wait_ready(0.1) and not sup.state.final:
-            pass
-        if sup.state == State.READY and not stop.is_set():
-            _report_ready(sup, entry, req, as_json, out)
-            while not stop.wait(0.2) and not sup.state.final:
-                pass
-        if sup.state.final and not stop.is_set():
-            outcome = sup.outcome
-            notify.error(
-                str(outcome), source=SOURCE, detail="\n".join(outcome.log_tail) if outcome else None
-            )
-            return EXIT_FAILED
-        outcome = sup.stop()
-        notify.info(str(outcome), source=SOURCE)
-        return EXIT_OK
+        yield stop
     finally:
-        if not sup.state.final:
-            sup.stop()
         for s, h in handlers.items():
             signal.signal(s, h)
+
+
+def _start_until_ready(sup: Supervisor, stop: threading.Event) -> bool:
+    """Start and wait: True once it serves, False when it failed or a stop signal came."""
+    sup.start()
+    while not stop.is_set() and not sup.wait_ready(0.1) and not sup.state.final:
+        pass
+    return sup.state == State.READY and not stop.is_set()
+
+
+def _failed(sup: Supervisor) -> int:
+    outcome = sup.outcome
+    notify.error(
+        str(outcome), source=SOURCE, detail="\n".join(outcome.log_tail) if outcome else None
+    )
+    return EXIT_FAILED
+
+
+def _run(sup: Supervisor, entry: Any, req: Any, as_json: bool, out: TextIO) -> int:
+    with _stop_signals() as stop:
+        try:
+            if _start_until_ready(sup, stop):
+                _report_ready(sup, entry, req, as_json, out)
+                while not stop.wait(0.2) and not sup.state.final:
+                    pass
+            if sup.state.final and not stop.is_set():
+                return _failed(sup)
+            notify.info(str(sup.stop()), source=SOURCE)
+            return EXIT_OK
+        finally:
+            if not sup.state.final:
+                sup.stop()
 
 
 def _run_detached(sup: Supervisor, out: TextIO) -> int:
@@ -268,33 +286,17 @@ def _run_detached(sup: Supervisor, out: TextIO) -> int:
             source=SOURCE,
         )
         return EXIT_FAILED
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    handlers = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
-    try:
-        sup.start()
-        while not stop.is_set() and not sup.wait_ready(0.1) and not sup.state.final:
-            pass
-        if sup.state == State.READY and not stop.is_set():
+    with _stop_signals() as stop:
+        if _start_until_ready(sup, stop):
             left = sup.release()
             with contextlib.suppress(OSError):
                 print(f"ready {sup.url}", file=out, flush=True)
             notify.info(str(left), source=SOURCE)
             return EXIT_OK
         if sup.state.final:
-            failed = sup.outcome
-            notify.error(
-                str(failed), source=SOURCE, detail="\n".join(failed.log_tail) if failed else None
-            )
-            return EXIT_FAILED
+            return _failed(sup)
         notify.info(str(sup.stop()), source=SOURCE)
         return EXIT_FAILED
-    finally:
-        for s, h in handlers.items():
-            signal.signal(s, h)
 
 
 def _report_ready(sup: Supervisor, entry: Any, req: Any, as_json: bool, out: TextIO) -> None:

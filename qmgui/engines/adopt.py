@@ -32,7 +32,14 @@ from qmgui.engines.logs import LogSink, follow_file, tail_offset
 from qmgui.engines.ports import HOST, connect_host, url_host
 from qmgui.engines.registry import RunEntry, RunRegistry
 from qmgui.engines.runner import terminate_tree, watchdog
-from qmgui.engines.supervisor import TAIL_LINES, EngineSpec, Outcome, OutcomeKind, State
+from qmgui.engines.supervisor import (
+    TAIL_LINES,
+    EngineSpec,
+    Outcome,
+    OutcomeKind,
+    State,
+    flag_value,
+)
 
 POLL_S = 0.5
 STOP_GRACE_S = 10.0
@@ -42,15 +49,6 @@ RING_LINES = 2000
 _SOURCE = "engines"
 
 AdoptedCallback = Callable[["Adopted", State], None]
-
-
-def _flag(argv: tuple[str, ...], flag: str) -> str | None:
-    for i, tok in enumerate(argv):
-        if tok == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if tok.startswith(flag + "="):
-            return tok.split("=", 1)[1]
-    return None
 
 
 def _alive(entry: RunEntry) -> bool:
@@ -79,7 +77,7 @@ class Adopted:
         self.log = LogSink(None, ring_lines=RING_LINES)
         self.detached = entry.detached
         self._follower: threading.Thread | None = None
-        self.host = connect_host(_flag(entry.argv, "--host") or HOST)
+        self.host = connect_host(flag_value(entry.argv, "--host") or HOST)
         self._registry = registry
         self._health_path = health_path
         self._poll_s = poll_s

@@ -194,7 +194,7 @@ class EngineSpec:
         if not self.name:
             object.__setattr__(self, "name", Path(self.argv[0]).name)
         if not self.host:
-            given = _flag_value(self.argv, self.host_flag) if self.host_flag else None
+            given = flag_value(self.argv, self.host_flag) if self.host_flag else None
             object.__setattr__(self, "host", given or HOST)
 
     def restart_delay_s(self, n: int) -> float:
@@ -206,8 +206,9 @@ class EngineSpec:
         return self.load_base_s + self.load_per_gib_s * self.model_bytes / GIB
 
 
-def _flag_value(argv: tuple[str, ...], flag: str) -> str | None:
-    """The value the last `flag` in `argv` gives (`flag V` or `flag=V`), or None."""
+def flag_value(argv: tuple[str, ...], flag: str) -> str | None:
+    """The value the last `flag` in `argv` gives (`flag V` or `flag=V`; the engine reads the
+    last one), or None."""
     found = None
     for i, tok in enumerate(argv):
         if tok == flag and i + 1 < len(argv):
