@@ -490,17 +490,30 @@ class Supervisor:
         if restarts:
             times = "once" if restarts == 1 else f"{restarts} times"
             message += f" It had been restarted {times} after crashing; qmgui gave up."
-        outcome = Outcome(
-            kind,
-            self._with_log_words(message),
-            rc,
-            tail,
-            str(self.log.path) if self.log.path else None,
-            restarts,
-            log_errors=self.log.errors,
-        )
+        outcome = self._ending(kind, self._with_log_words(message), rc, tail=tail)
         final = State.CRASHED if ever_ready else State.FAILED
         self._set_state(final, outcome)
+
+    def _ending(
+        self,
+        kind: OutcomeKind,
+        message: str,
+        rc: int | None,
+        *,
+        tail: tuple[str, ...] | None = None,
+        idle_s: float | None = None,
+    ) -> Outcome:
+        """How it ended, with its last log lines, its log file, restarts and log errors."""
+        return Outcome(
+            kind,
+            message,
+            rc,
+            tuple(self.log.tail(TAIL_LINES)) if tail is None else tail,
+            str(self.log.path) if self.log.path else None,
+            self.restarts,
+            idle_s,
+            log_errors=self.log.errors,
+        )
 
     def _with_log_words(self, message: str) -> str:
         words = self.log.error_words()
@@ -823,18 +836,14 @@ class Supervisor:
         idle = self.idle_s
         self._set_state(State.STOPPING)
         self._kill(attempt, grace_s=self._stop_grace_s)
-        outcome = Outcome(
+        outcome = self._ending(
             OutcomeKind.IDLE,
             self._with_log_words(
                 f"{self.spec.name} was stopped after {idle_words(idle)} idle (no requests); "
                 "start it again when you need it."
             ),
             attempt.returncode,
-            tuple(self.log.tail(TAIL_LINES)),
-            str(self.log.path) if self.log.path else None,
-            self.restarts,
-            idle,
-            log_errors=self.log.errors,
+            idle_s=idle,
         )
         self._set_state(State.STOPPED, outcome)
 
@@ -964,15 +973,11 @@ class Supervisor:
             self._monitor.join(READER_JOIN_S + 1)
         where = f" at {self.url}" if self.url else ""
         pid = f" (pid {attempt.pid})" if attempt is not None else ""
-        outcome = Outcome(
+        outcome = self._ending(
             OutcomeKind.LEFT_RUNNING,
             f"{self.spec.name}{pid} was left running{where}; "
             "`qmgui engines stop` or a later qmgui stops it.",
             None,
-            tuple(self.log.tail(TAIL_LINES)),
-            str(self.log.path) if self.log.path else None,
-            self.restarts,
-            log_errors=self.log.errors,
         )
         self._set_state(State.STOPPED, outcome)
         return self.outcome or outcome
@@ -1014,14 +1019,10 @@ class Supervisor:
         message = f"{self.spec.name} was stopped" + (
             " (it ignored the stop signal and was killed)." if killed else "."
         )
-        outcome = Outcome(
+        outcome = self._ending(
             OutcomeKind.STOPPED,
             self._with_log_words(message) + survived,
             attempt.returncode if attempt else None,
-            tuple(self.log.tail(TAIL_LINES)),
-            str(self.log.path) if self.log.path else None,
-            self.restarts,
-            log_errors=self.log.errors,
         )
         self._set_state(State.STOPPED, outcome)
         return self.outcome or outcome
