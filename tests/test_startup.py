@@ -26,6 +26,9 @@ OTHER_COMMANDS = (
     "qmgui.core.command_import", "qmgui.core.emit",  # `qmgui import` reads commands, not plan
 )  # fmt: skip
 
+# what only `qmgui plan URL` needs: the HTTP client (issue 16)
+NETWORK = ("qmgui.remote", "urllib.request", "http.client", "ssl")
+
 PLAN_CHECK = """
 import io, json, sys
 from qmgui.cli import main
@@ -80,6 +83,11 @@ def test_plan_json_imports_no_numpy(plan_modules: list[str]) -> None:
 
 def test_plan_json_imports_no_other_commands_dependencies(plan_modules: list[str]) -> None:
     assert _among(plan_modules, OTHER_COMMANDS) == []
+
+
+def test_plan_of_a_local_file_imports_no_network_code(plan_modules: list[str]) -> None:
+    """`qmgui plan URL` reads headers over HTTP (qmgui.remote); a local plan loads none of it."""
+    assert _among(plan_modules, NETWORK) == []
 
 
 def test_window_modules_import_no_numpy() -> None:

