@@ -40,6 +40,7 @@ from typing import Any, TextIO
 from qmgui import notify
 from qmgui.cli.plan import add_plan_flags
 from qmgui.cli.preview import add_target_flags, prepare
+from qmgui.core.discovery import ModelEntry
 from qmgui.core.emit import EmitError
 from qmgui.core.errors import SizingError
 from qmgui.core.footprint import Footprint, estimate
@@ -50,9 +51,9 @@ from qmgui.engines.model_ports import port_for_start
 from qmgui.engines.registry import RunRegistry
 from qmgui.engines.residuals import ResidualStore, engine_pids, readback
 from qmgui.engines.runner import become_subreaper
-from qmgui.engines.supervisor import State, Supervisor
+from qmgui.engines.supervisor import EngineSpec, State, Supervisor
 from qmgui.hw.nvml import read_nvml
-from qmgui.service.launch import UsageError, emit_model, engine_spec
+from qmgui.service.launch import Request, UsageError, emit_model, engine_spec
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -191,34 +192,48 @@ def _list_survivors(registry: RunRegistry) -> None:
         )
 
 
-def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
-    prepared = prepare(args, port=PLACEHOLDER_PORT, source=SOURCE)
+def launch_spec(
+    args: argparse.Namespace, *, source: str = SOURCE, downshift: bool = True
+) -> tuple[EngineSpec, ModelEntry, Request] | int:
+    """The supervisor's spec for the command `serve` runs for `args` (the model's saved port
+    unless `--port`), with the model and the request; or the exit status of an error, already
+    reported. `downshift`: retry an out-of-memory llama-server load at a smaller context when
+    no context was given (`qmgui bench` measures what it was asked to, and turns it off)."""
+    prepared = prepare(args, port=PLACEHOLDER_PORT, source=source)
     if isinstance(prepared, int):
         return prepared
     req, entry, resolver = prepared
     try:
         target = resolver.target(entry)
         if isinstance(target, str):
-            notify.error(target, source=SOURCE)
+            notify.error(target, source=source)
             return EXIT_FAILED
         emitted = emit_model(entry, target, req, resolver.override(entry))
     except (UsageError, EmitError, SizingError) as e:
-        notify.error(str(e), source=SOURCE)
+        notify.error(str(e), source=source)
         return EXIT_USAGE
     command = emitted.command
     if not command.runnable:
         for reason in command.warnings:
-            notify.error(reason, source=SOURCE)
+            notify.error(reason, source=source)
         return EXIT_FAILED
     for warning in command.warnings:
-        notify.warning(warning, source=SOURCE)
+        notify.warning(warning, source=source)
     port = args.port
     if port is None:
         port = port_for_start(entry.id, resolver.loaded.settings, path=resolver.loaded.path)
     spec = engine_spec(
         command, target.kind, entry, port=port,
-        downshift=target.kind == "llama" and args.ctx is None,
+        downshift=downshift and target.kind == "llama" and args.ctx is None,
     )  # fmt: skip
+    return spec, entry, req
+
+
+def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
+    prepared = launch_spec(args)
+    if isinstance(prepared, int):
+        return prepared
+    spec, entry, req = prepared
     registry = RunRegistry()
     if args.detach:
         sup = Supervisor(spec, registry=registry, detached=True, model_id=entry.id)

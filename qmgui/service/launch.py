@@ -252,6 +252,7 @@ class Request:
     vllm: Mapping[str, object] = field(default_factory=dict)
 
 
+METRICS_FLAG = "--metrics"
 _VERBOSITY_FLAGS = frozenset(a for names in emit_llama.F_VERBOSITY.spellings for a in names)
 
 
@@ -266,10 +267,13 @@ def engine_spec(
     """The supervisor's spec for an emitted command (`qmgui serve` and the window's Start).
 
     llama-server also gets `-lv 4` (its buffer lines are what the plan is compared with)
-    unless the command already sets a verbosity: the flag appears once."""
+    unless the command already sets a verbosity: the flag appears once; and `--metrics` (its
+    `/metrics` counters give the live tokens/s the Engines panel shows)."""
     argv = command.argv
     if kind == "llama" and not any(a.split("=", 1)[0] in _VERBOSITY_FLAGS for a in argv[1:]):
         argv = (*argv, "-lv", str(emit_llama.READBACK_VERBOSITY))
+    if kind == "llama" and METRICS_FLAG not in argv[1:]:
+        argv = (*argv, METRICS_FLAG)  # live tokens/s in the Engines panel
     return EngineSpec(
         argv=argv,
         name=entry.name,

@@ -38,6 +38,7 @@ from qmgui.core.discovery import ModelEntry
 from qmgui.core.errors import EngineError
 from qmgui.core.footprint import Footprint
 from qmgui.core.readback import parse_llama_log
+from qmgui.core.webui import kind_of_argv, web_ui_url
 from qmgui.engines.adopt import Adopted
 from qmgui.engines.model_ports import port_for_start
 from qmgui.engines.registry import RunEntry, RunRegistry
@@ -126,6 +127,26 @@ class Engine:
     def url(self) -> str | None:
         handle = self.handle
         return handle.url if handle is not None else None
+
+    @property
+    def kind(self) -> str | None:
+        """llama, vllm, sd, whisper, custom; for an adopted engine, what its executable's
+        name says (None: it says nothing)."""
+        if self.supervisor is not None:
+            return self.supervisor.spec.kind
+        if self.adopted is not None:
+            return kind_of_argv(self.adopted.argv)
+        return None
+
+    @property
+    def chat_url(self) -> str | None:
+        """The address of the engine's own chat page (llama-server's web UI at `/`), None
+        for an engine without one."""
+        handle = self.handle
+        if handle is None:
+            return None
+        argv = self.supervisor.spec.argv if self.supervisor is not None else handle.argv or ()
+        return web_ui_url(self.kind, argv, self.url)
 
     def uptime_s(self) -> float | None:
         if self.state != State.READY:

@@ -1,9 +1,11 @@
 """The engines this window started or adopted: model, state, URL, uptime and planned vs actual
 memory, the selected engine's log (followed on a timer from the supervisor's ring buffer, or
-the adopted engine's, filled from its log file), and Copy URL / Stop / Restart and "Keep
+the adopted engine's, filled from its log file), and Open chat (the engine's own web UI in the
+browser; absent for an engine without one), Copy URL / Stop / Restart and "Keep
 running after quit" (per engine: it is left running, detached, when qmgui quits). It shows
 what its `EngineRunner` holds and asks it to act; the runner does the blocking work on its own
-threads."""
+threads. The Speed column is the tokens per second a llama-server engine generated over the
+last two seconds, from its `/metrics` counters (read on a worker thread), or "idle (last …)"."""
 
 from __future__ import annotations
 
@@ -24,14 +26,19 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from qmgui.core.bench import generation_rate
 from qmgui.core.units import format_bytes
+from qmgui.engines.bench import read_metrics
 from qmgui.engines.supervisor import State
+from qmgui.ui import browser
 from qmgui.ui.engine_runner import Engine, EngineRunner
+from qmgui.ui.workers import LatestWins
 
 REFRESH_MS = 500
 LOG_LINES = 400  # the log view shows at most the last this many lines of the ring buffer
-COLUMNS = ("Model", "State", "URL", "Uptime", "Memory (planned / actual)")
-COL_MODEL, COL_STATE, COL_URL, COL_UPTIME, COL_MEMORY = range(len(COLUMNS))
+COLUMNS = ("Model", "State", "URL", "Uptime", "Memory (planned / actual)", "Speed")
+COL_MODEL, COL_STATE, COL_URL, COL_UPTIME, COL_MEMORY, COL_SPEED = range(len(COLUMNS))
+METRICS_EVERY = 4  # refreshes between two /metrics readings (2 s)
 
 
 def uptime_words(seconds: float | None) -> str:
@@ -68,9 +75,13 @@ class EnginesPanel(QWidget):
         self.runner = runner
         self._ids: list[int] = []
         self._log_key: tuple[int, int, int, str] | None = None
+        self.metrics = self._init_metrics()
 
         # the dock around this panel carries the "Engines" title; this line says what to do
         title = QLabel("Running engines: start one with Start under the launch command.", self)
+        self.chat_button = QPushButton("Open chat", self)
+        self.chat_button.setToolTip("Open the selected engine's own chat page in the browser")
+        self.chat_button.hide()
         self.copy_button = QPushButton("Copy URL", self)
         self.copy_button.setToolTip("Copy the selected engine's address")
         self.stop_button = QPushButton("Stop", self)
@@ -89,6 +100,7 @@ class EnginesPanel(QWidget):
         top = QHBoxLayout()
         top.addWidget(title)
         top.addStretch(1)
+        top.addWidget(self.chat_button)
         top.addWidget(self.copy_button)
         top.addWidget(self.stop_button)
         top.addWidget(self.restart_button)
@@ -106,6 +118,7 @@ class EnginesPanel(QWidget):
         self.timer = QTimer(self)
         self.timer.setInterval(REFRESH_MS)
 
+        self.chat_button.clicked.connect(self.open_chat)
         self.copy_button.clicked.connect(self.copy_url)
         self.stop_button.clicked.connect(self._stop)
         self.restart_button.clicked.connect(self._restart)
@@ -115,6 +128,14 @@ class EnginesPanel(QWidget):
         runner.added.connect(self._on_added)
         runner.changed.connect(self._on_changed)
         self._update_buttons()
+
+    def _init_metrics(self) -> LatestWins:
+        self._metrics: dict[int, dict[str, float]] = {}  # the last /metrics reading per engine
+        self._speed: dict[int, tuple[float | None, float | None]] = {}  # now, last seen
+        self._ticks = 0
+        worker = LatestWins("metrics", self)
+        worker.finished.connect(self._on_metrics)
+        return worker
 
     def _build_table(self) -> QTableWidget:
         table = QTableWidget(0, len(COLUMNS), self)
@@ -190,6 +211,7 @@ class EnginesPanel(QWidget):
             url,
             uptime_words(engine.uptime_s()),
             memory_words(engine),
+            self.speed_words(engine.id),
         )
         for col, text in enumerate(texts):
             item = self.table.item(row, col)
@@ -211,9 +233,44 @@ class EnginesPanel(QWidget):
         self._sync_rows()
         self._update_buttons()
         self._follow_log()
+        self._poll_metrics()
         if not self.runner.running() and not any(e.busy for e in self.runner.engines.values()):
             self.timer.stop()
             self._follow_log()
+
+    def speed_words(self, eid: int) -> str:
+        """The Speed column: generation tokens/s over the last reading, else the last seen."""
+        now, last = self._speed.get(eid, (None, None))
+        if now is not None:
+            return f"{now:.1f} t/s"
+        return f"idle (last {last:.1f} t/s)" if last is not None else ""
+
+    def _poll_metrics(self) -> None:
+        """Every `METRICS_EVERY` refreshes: read the ready llama-server engines' `/metrics`
+        on a worker thread (a bounded request each)."""
+        self._ticks += 1
+        if self._ticks % METRICS_EVERY or self.metrics.busy:
+            return
+        targets = [
+            (eid, e.url)
+            for eid, e in self.runner.engines.items()
+            if e.kind == "llama" and e.url and e.state is State.READY and not e.busy
+        ]
+        if targets:
+            self.metrics.submit(lambda: {eid: read_metrics(url) for eid, url in targets})
+
+    def _on_metrics(self, result: object) -> None:
+        assert isinstance(result, dict)
+        for eid, reading in result.items():
+            if reading is None:
+                continue
+            prev = self._metrics.get(eid)
+            self._metrics[eid] = reading
+            if prev is not None:
+                rate = generation_rate(prev, reading)
+                last = self._speed.get(eid, (None, None))[1]
+                self._speed[eid] = (rate, rate if rate is not None else last)
+        self._sync_rows()
 
     def _follow_log(self) -> None:
         engine = self.selected()
@@ -242,6 +299,10 @@ class EnginesPanel(QWidget):
         engine = self.selected()
         live = engine is not None and not engine.busy and not engine.state.final
         self.copy_button.setEnabled(engine is not None and bool(engine.url) and live)
+        chat = engine.chat_url if engine is not None else None
+        self.chat_button.setVisible(chat is not None)  # absent for an engine without one
+        ready = engine is not None and engine.state is State.READY
+        self.chat_button.setEnabled(chat is not None and live and ready)
         self.stop_button.setEnabled(live and engine is not None and engine.handle is not None)
         self.keep_box.setEnabled(live)
         keep = engine is not None and engine.keep
@@ -259,6 +320,13 @@ class EnginesPanel(QWidget):
         if engine is not None and engine.url:
             QGuiApplication.clipboard().setText(engine.url)
             self.copied.emit(engine.url)
+
+    def open_chat(self) -> None:
+        """The selected engine's own chat page (llama-server's web UI) in the browser."""
+        engine = self.selected()
+        url = engine.chat_url if engine is not None else None
+        if url is not None:
+            browser.open_url(url)
 
     def _stop(self) -> None:
         eid = self.selected_id()

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QByteArray, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QShortcut
@@ -44,6 +45,7 @@ from PySide6.QtWidgets import (
 
 from qmgui import notify
 from qmgui.core.backends import resolve_backend
+from qmgui.core.bench import measured_words
 from qmgui.core.discovery import ModelEntry, ScanResult
 from qmgui.core.fit import FitResult
 from qmgui.core.launch import LaunchSettings
@@ -62,7 +64,6 @@ from qmgui.settings import (
 )
 from qmgui.stores import common_model_folders, default_store_roots
 from qmgui.ui import hardware
-from qmgui.ui.backends_dialog import BackendsDialog
 from qmgui.ui.drop import DropFilter
 from qmgui.ui.empty_state import EmptyState
 from qmgui.ui.engine_runner import EngineRunner
@@ -80,12 +81,14 @@ from qmgui.ui.planning import (
 )
 from qmgui.ui.preview_pane import PreviewPane
 from qmgui.ui.profile_actions import WINDOW_FIELDS, Profiles, window_settings
-from qmgui.ui.roots_dialog import RootsDialog
 from qmgui.ui.run_sets_menu import ModelActions, RunSetsMenu
 from qmgui.ui.settings_watch import SettingsWatch
 from qmgui.ui.tray import CloseDecision, QuitChoice, RunnerEngines, Tray, app_icon
 from qmgui.ui.vram_bar import MemoryPanel, bars_for
 from qmgui.ui.workers import Breather, LatestWins, ScanRunner
+
+if TYPE_CHECKING:  # dialogs are imported when opened (not on the start path)
+    from qmgui.ui.roots_dialog import RootsDialog
 
 SOURCE = "window"
 REPLAN_THROTTLE_MS = 100  # slider drags re-plan at most this often (qutebrowser's throttle)
@@ -675,6 +678,8 @@ class MainWindow(QMainWindow):
 
     def open_roots(self) -> RootsDialog:
         """The Model folders dialog: the roots with Add, Remove and Undo."""
+        from qmgui.ui.roots_dialog import RootsDialog  # noqa: PLC0415 - not on the start path
+
         dialog = RootsDialog(
             self,
             roots=lambda: list(self.settings.model_roots),
@@ -835,6 +840,7 @@ class MainWindow(QMainWindow):
             self._outcome = None
             self.memory.set_bars([])
             self.memory.set_verdict("", ok=True, nearest=False)
+            self.memory.set_measured("")
             self.preview.clear()
             self.start_button.setEnabled(False)
             return
@@ -897,6 +903,7 @@ class MainWindow(QMainWindow):
             self.memory.set_verdict(
                 f"Does not fit: {fit.reason}.", ok=False, nearest=fit.nearest is not None
             )
+        self._show_measured(outcome)
         self.preview.set_command(
             outcome.bash, outcome.powershell, outcome.command.warnings, outcome.engine,
             shown=(outcome.shown_bash, outcome.shown_powershell),
@@ -904,6 +911,21 @@ class MainWindow(QMainWindow):
         self._sync_start_button()
         self._fit_detail_split()
         self._start_if_asked(outcome)
+
+    def _show_measured(self, outcome: PlanOutcome) -> None:
+        """The latest `qmgui bench` figures of the model (read with the plan, off this
+        thread), under the verdict."""
+        if outcome.measured is None:
+            self.memory.set_measured("")
+            return
+        result, same = outcome.measured
+        devices = ", ".join(result.devices) or "unknown devices"
+        tip = (
+            f"qmgui bench: {result.prompt_tokens} prompt tokens, {result.gen_tokens} generated, "
+            f"on {result.machine} ({devices}), build {result.build or 'unknown'}\n"
+            f"settings: {result.settings}"
+        )
+        self.memory.set_measured(measured_words(result, same_settings=same), tip)
 
     def _vllm_verdict(self, plan: VllmPlan) -> str:
         """A vLLM launch in words: the plan's own numbers, or why it does not fit."""
@@ -1159,6 +1181,8 @@ class MainWindow(QMainWindow):
     def open_backends(self) -> None:
         """The backend registry dialog; a save replaces the window's settings (so a later
         save of the UI state does not write the old registry back)."""
+        from qmgui.ui.backends_dialog import BackendsDialog  # noqa: PLC0415 - not on the start path
+
         dialog = BackendsDialog(
             self, settings_loader=lambda: self._loaded, models=self.table.model.entries
         )

@@ -11,6 +11,7 @@ import enum
 import os
 from dataclasses import dataclass, replace
 
+from qmgui.core.bench import BenchResult, settings_key
 from qmgui.core.discovery import ModelEntry
 from qmgui.core.emit import Command, EmitError, skipped, split_args
 from qmgui.core.errors import SizingError
@@ -28,6 +29,7 @@ from qmgui.core.shell import quote_bash, quote_powershell
 from qmgui.core.textsafe import redact_argv, redact_env
 from qmgui.core.units import MIB
 from qmgui.core.vllm import VllmPins, VllmPlan, plan_vllm
+from qmgui.engines.bench import BenchStore
 from qmgui.engines.model_ports import choose_port
 from qmgui.service.launch import (
     Request,
@@ -179,6 +181,8 @@ class PlanOutcome:
     vllm: VllmPlan | None = None  # a vLLM launch's plan (its bars and verdict)
     vllm_gpus: tuple[str, ...] = ()  # the GPUs that plan occupies (one per tensor-parallel rank)
     missing: str | None = None  # the engine is not installed: what to install (Start says it)
+    # the latest `qmgui bench` result of this model here, and whether it measured this command
+    measured: tuple[BenchResult, bool] | None = None
 
 
 def plan_model(
@@ -243,8 +247,19 @@ def plan_model(
     vllm_gpus = tuple(g.name for g in sized.gpus[: vllm.tensor_parallel]) if vllm else ()
     return PlanOutcome(
         entry, settings, hw, fit, error, command, bash, ps, engine, shown_bash, shown_ps,
-        vllm, vllm_gpus, missing,
+        vllm, vllm_gpus, missing, last_measured(entry, command),
     )  # fmt: skip
+
+
+def last_measured(entry: ModelEntry, command: Command) -> tuple[BenchResult, bool] | None:
+    """The latest `qmgui bench` result of `entry` on this machine (a small file's read), and
+    whether it measured `command`'s settings; None when there is none or it cannot be read."""
+    if not command.runnable:
+        return None
+    try:
+        return BenchStore().latest(entry.id, settings_key(command.argv))
+    except OSError:
+        return None
 
 
 def _emit(

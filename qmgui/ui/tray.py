@@ -1,4 +1,5 @@
-"""The system tray: running engines (Stop / Start), favourite models (Start), Show window, Quit.
+"""The system tray: running engines (Open chat / Stop / Start), favourite models (Start), Show
+window, Quit.
 
 The tray knows engines only through `EngineSource`, a tiny protocol the engines panel (or any
 fake) implements: a list of `EngineRow`s, `stop_engine` / `start_engine` by key, and a Qt
@@ -37,6 +38,7 @@ from qmgui import autostart, notify
 from qmgui.core.errors import QmguiError
 from qmgui.engines.supervisor import State
 from qmgui.settings import Settings
+from qmgui.ui import browser
 
 __all__ = [
     "EXPLAINED_KEY",
@@ -79,6 +81,7 @@ class EngineRow:
     name: str
     state: State
     url: str | None = None
+    chat_url: str | None = None  # the engine's own chat page (llama-server's web UI); None: none
 
     @property
     def running(self) -> bool:
@@ -114,6 +117,8 @@ class _RunnerEngine(Protocol):
     def state(self) -> State: ...
     @property
     def url(self) -> str | None: ...
+    @property
+    def chat_url(self) -> str | None: ...
 
 
 class _Runner(Protocol):
@@ -140,7 +145,8 @@ class RunnerEngines(QObject):
 
     def engines(self) -> Sequence[EngineRow]:
         return [
-            EngineRow(str(eid), e.name, e.state, e.url) for eid, e in self.runner.engines.items()
+            EngineRow(str(eid), e.name, e.state, e.url, e.chat_url)
+            for eid, e in self.runner.engines.items()
         ]
 
     def stop_engine(self, key: str) -> None:
@@ -447,6 +453,11 @@ class Tray(QObject):
     def _engine_menu(self, row: EngineRow) -> None:
         sub = QMenu(f"{row.name} — {row.state.value}", self.menu)
         sub.setObjectName(f"engine:{row.key}")
+        if row.chat_url and row.state is State.READY:
+            chat = sub.addAction("Open chat")
+            chat.setObjectName("open-chat")
+            chat.setToolTip(f"Open {row.chat_url} in the browser")
+            chat.triggered.connect(lambda _=False, u=row.chat_url: browser.open_url(u))
         if row.url:
             url = sub.addAction(f"Copy {row.url}")
             url.setObjectName("copy-url")

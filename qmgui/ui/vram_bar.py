@@ -309,6 +309,12 @@ class MemoryPanel(QWidget):
         verdict_row = QHBoxLayout()
         verdict_row.addWidget(self.verdict, 1)
         verdict_row.addWidget(self.nearest, 0, Qt.AlignmentFlag.AlignTop)
+        # the latest `qmgui bench` figures of this model here ("last measured: …")
+        self.measured = QLabel(self)
+        self.measured.setObjectName("measured")
+        self.measured.setWordWrap(True)
+        self.measured.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.measured.hide()
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(8)
@@ -316,6 +322,7 @@ class MemoryPanel(QWidget):
         self.legend = Legend(self)
         layout.addWidget(self.legend)
         layout.addLayout(verdict_row)
+        layout.addWidget(self.measured)
 
     def set_bars(self, specs: list[BarSpec]) -> None:
         while len(self.bars) < len(specs):
@@ -335,6 +342,12 @@ class MemoryPanel(QWidget):
             present.append("context")
         if tuple(present) != tuple(k for k in self.legend.keys if k in Legend.OPTIONAL):
             self.legend.show_keys(present)
+
+    def set_measured(self, text: str, tip: str = "") -> None:
+        """The measured speed under the verdict ("" hides it)."""
+        self.measured.setText(text)
+        self.measured.setToolTip(tip)
+        self.measured.setVisible(bool(text))
 
     def set_verdict(self, text: str, *, ok: bool, nearest: bool) -> None:
         colour = SEGMENTS["weights"][1] if ok else OVER_COLOUR

@@ -52,11 +52,25 @@ def test_uptime_words() -> None:
     assert uptime_words(3725) == "1:02:05"
 
 
-def test_start_with_a_missing_engine_fails_in_the_panel(  # type: ignore[no-untyped-def]
+def test_start_with_a_missing_engine_says_what_to_install(  # type: ignore[no-untyped-def]
     qtbot, make_window, one_model: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    # no llama-server anywhere: the command names the bare executable, which is not found
+    # no llama-server anywhere: the plan knows, and Start says what to install instead
     monkeypatch.setattr("qmgui.service.launch.find_llama_server", lambda env=None: None)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    w = ready_window(qtbot, make_window, one_model)
+    assert "llama.cpp release" in w.start_button.toolTip()
+    w.start_button.click()
+    assert "llama.cpp release" in w.statusBar().currentMessage()
+    assert not w.engine_runner.engines
+
+
+def test_an_engine_gone_since_the_plan_fails_in_the_panel(  # type: ignore[no-untyped-def]
+    qtbot, make_window, one_model: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # planned while llama-server was there (as far as the plan knew); gone when Start runs it
+    monkeypatch.setattr("qmgui.service.launch.find_llama_server", lambda env=None: None)
+    monkeypatch.setattr("qmgui.ui.planning.missing_engine", lambda target: None)
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
     w = ready_window(qtbot, make_window, one_model)
     w.start_button.click()
