@@ -158,7 +158,7 @@ def make_application(argv: Sequence[str] = ()) -> QApplication:
         return existing
     # Workers (scan, sizing) run Python for long stretches; every call Qt makes into Python on
     # the GUI thread then waits for the GIL, up to one switch interval each (5 ms by default).
-    # 1 ms keeps painting and input responsive (measured by tests/ui/test_stall.py).
+    # 1 ms keeps painting and input responsive (measured by bench/gui_stall.py).
     sys.setswitchinterval(GUI_SWITCH_INTERVAL_S)
     QGuiApplication.setHighDpiScaleFactorRoundingPolicy(
         Qt.HighDpiScaleFactorRoundingPolicy.PassThrough

@@ -172,7 +172,7 @@ class Breather:
 
     A worker running Python keeps the GIL for a whole switch interval at a time, and the GUI
     thread needs it for every call Qt makes into Python (each cell a table paints), so a busy
-    worker turns one paint into hundreds of waits (tests/ui/test_stall.py measured 350 ms).
+    worker turns one paint into hundreds of waits (bench/gui_stall.py measured 350 ms).
     A short sleep now and then hands the GUI thread a window to finish its work in one go."""
 
     def __init__(self, work_s: float = 0.004, pause_s: float = 0.002) -> None:
