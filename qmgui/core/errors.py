@@ -4,7 +4,8 @@
      ├── ModelReadError        a model file or folder could not be read (names the file)
      ├── SizingError           a plan could not be computed from the inputs
      ├── EngineError           an engine could not be started, watched or stopped
-     └── SettingsError         the settings file could not be read or written
+     ├── SettingsError         the settings file could not be read or written
+     └── DownloadError         a model could not be downloaded (names the URL or file)
 
 Low-level errors (OSError, struct.error, json.JSONDecodeError) are wrapped at the boundary
 with a sentence a user can act on; nothing else escapes a public function of qmgui.
@@ -40,3 +41,7 @@ class EngineError(QmguiError):
 
 class SettingsError(QmguiError):
     """The settings file could not be read or written."""
+
+
+class DownloadError(QmguiError):
+    """A download could not start or finish; the message is one sentence a user can act on."""
