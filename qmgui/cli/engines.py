@@ -15,19 +15,24 @@ SIGTERM and SIGHUP stop it alike.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import signal
 import threading
 import time
+from dataclasses import asdict
 from types import FrameType
 from typing import Any, TextIO
 
 from qmgui import notify
 from qmgui.core.errors import EngineError
 from qmgui.core.textsafe import printable
+from qmgui.core.units import format_bytes
 from qmgui.engines.adopt import Adopted
 from qmgui.engines.ports import HOST, connect_host, url_host
 from qmgui.engines.registry import RunEntry, RunRegistry
+from qmgui.engines.router import RouterModel, is_router, read_router
 from qmgui.engines.supervisor import flag_value
 
 EXIT_OK = 0
@@ -95,6 +100,31 @@ def _describe(e: RunEntry) -> str:
     )
 
 
+LOG_TAIL_BYTES = 8 << 20  # a router's log read for its children's buffers
+
+
+def _router_models(e: RunEntry) -> list[RouterModel] | None:
+    """A router's models and their status (None for an engine that is not a router)."""
+    url = url_of(e)
+    if not is_router(e.argv) or url is None:
+        return None
+    text = None
+    if e.log_path:  # the children's buffers, relayed into the router's log
+        with contextlib.suppress(OSError), open(e.log_path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - LOG_TAIL_BYTES))
+            text = f.read().decode("utf-8", "replace")
+    return list(read_router(url, e.pid, text).models)
+
+
+def _loaded_words(models: list[RouterModel]) -> str:
+    loaded = [
+        m.name + (f" ({format_bytes(m.rss_bytes)})" if m.rss_bytes else "")
+        for m in models
+        if m.status == "loaded"
+    ]
+    return printable(f"  models: {len(models)}, loaded: {', '.join(loaded) or 'none'}")
+
+
 def _running(registry: RunRegistry) -> list[RunEntry] | None:
     try:
         return registry.running()
@@ -124,6 +154,11 @@ def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
                     "owner": e.owner if e.owner_alive() else None,
                     "left_running": not e.owner_alive(),
                     "pids": sorted(p.pid for p in e.members()),
+                    "router_models": (
+                        None
+                        if (models := _router_models(e)) is None
+                        else [asdict(m) for m in models]
+                    ),
                 }
                 for e in running
             ],
@@ -136,6 +171,9 @@ def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
     else:
         for e in running:
             print(_describe(e), file=out)
+            models = _router_models(e)
+            if models is not None:
+                print(_loaded_words(models), file=out)
     return EXIT_OK
 
 

@@ -25,7 +25,6 @@ import os
 import stat
 import tempfile
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any, TextIO
 
 from qmgui import notify
@@ -33,11 +32,11 @@ from qmgui.cli.plan import add_plan_flags
 from qmgui.cli.preview import add_target_flags, request_from
 from qmgui.cli.profiles import vllm_values
 from qmgui.core.discovery import ModelEntry, entry_for_path, scan
-from qmgui.core.emit import DevicePin, EmitError, skipped, split_each
+from qmgui.core.emit import EmitError, skipped, split_each
 from qmgui.core.errors import SizingError
 from qmgui.core.export import PORT_MARK, Export, ExportError, vllm_comment
 from qmgui.core.export.llama_swap import SwapModel, render_llama_swap
-from qmgui.core.export.models_ini import PresetModel, render_models_ini
+from qmgui.core.export.models_ini import render_models_ini
 from qmgui.core.export.scripts import (
     render_bash_script,
     render_cluster_script,
@@ -57,9 +56,9 @@ from qmgui.service.launch import (
     UsageError,
     emit_model,
     load_quietly,
-    with_override,
 )
 from qmgui.service.profile import profile_of
+from qmgui.service.router import preset_model
 
 EXIT_OK = 0
 EXIT_NOTHING = 1
@@ -198,22 +197,8 @@ def _models_ini(entries: Sequence[ModelEntry], resolver: Resolver, req: Request)
             left_out.append(f"{entry.name}: left out of models.ini: {why}")
             continue
         builds.add(target.supported)
-        ov = resolver.override(entry)
-        model = replace(entry, mmproj=ov.mmproj) if ov is not None and ov.mmproj else entry
-        profile = profile_of(ov)
-        devices = req.devices
-        if not devices and "devices" not in req.given:
-            devices = tuple(profile.get("devices") or ())
-        saved_extra = () if "extra_args" in req.given else extra_args_of(profile)
-        presets.append(
-            PresetModel(
-                name=entry.name,
-                model=model,
-                settings=with_override(req.settings, ov, given=req.given),
-                devices=DevicePin(target.variant or "cuda", devices) if devices else None,
-                extra_args=(*saved_extra, *req.extra),
-            )
-        )
+        # the same section `qmgui serve --router` writes (qmgui.service.router)
+        presets.append(preset_model(entry, target, req, resolver.override(entry)))
     # the router is one build: spell for it when every model resolved to the same one
     result = render_models_ini(
         presets,

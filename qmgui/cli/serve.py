@@ -23,7 +23,13 @@ window (which adopts it: state, URL, uptime, its log followed from the file) tak
 there.
 
 An extra `--host` (e.g. `--extra='--host 0.0.0.0'`) is honoured: the engine listens there, with
-a warning that it is reachable from the network; `ready` names the loopback URL.
+a warning that it is reachable from the network; `ready` names the loopback URL. `--host
+ADDRESS` does the same and, for anything but loopback, passes an API key (generated once,
+kept 0600 in the settings folder, printed once; `qmgui.service.exposure`) unless the command
+gives one.
+
+`--router MODEL...` serves several models through one endpoint, llama.cpp's router
+(`qmgui.cli.serve_router`).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import json
 import signal
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from types import FrameType
 from typing import Any, TextIO
 
@@ -42,7 +49,7 @@ from qmgui.cli.plan import add_plan_flags
 from qmgui.cli.preview import add_target_flags, prepare
 from qmgui.core.discovery import ModelEntry
 from qmgui.core.emit import EmitError
-from qmgui.core.errors import SizingError
+from qmgui.core.errors import SettingsError, SizingError
 from qmgui.core.footprint import Footprint, estimate
 from qmgui.core.readback import parse_llama_log
 from qmgui.core.textsafe import redact_argv
@@ -51,8 +58,9 @@ from qmgui.engines.model_ports import port_for_start
 from qmgui.engines.registry import RunRegistry
 from qmgui.engines.residuals import ResidualStore, engine_pids, readback
 from qmgui.engines.runner import become_subreaper
-from qmgui.engines.supervisor import EngineSpec, State, Supervisor
+from qmgui.engines.supervisor import EngineSpec, State, Supervisor, flag_value
 from qmgui.hw.nvml import read_nvml
+from qmgui.service.exposure import exposure
 from qmgui.service.launch import Request, UsageError, emit_model, engine_spec
 
 EXIT_OK = 0
@@ -75,6 +83,32 @@ def register(sub: Any) -> None:
         "it on Ctrl-C.",
     )
     p.add_argument("model", metavar="MODEL", help="a .gguf file or a Hugging Face folder")
+    p.add_argument(
+        "more",
+        nargs="*",
+        metavar="MODEL",
+        help="with --router: more models behind the same endpoint",
+    )
+    p.add_argument(
+        "--router",
+        action="store_true",
+        help="serve every MODEL through one endpoint: llama-server in router mode, each model "
+        "loaded on its first request with the settings of its own launch",
+    )
+    p.add_argument(
+        "--models-max",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --router: models loaded at once (default: the most that fit together)",
+    )
+    p.add_argument(
+        "--host",
+        default=None,
+        metavar="ADDRESS",
+        help="listen on ADDRESS (default 127.0.0.1); any other address needs an API key, "
+        "generated once and kept in the settings folder",
+    )
     add_plan_flags(p)
     add_target_flags(p)
     p.add_argument(
@@ -230,10 +264,36 @@ def launch_spec(
 
 
 def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
+    if args.router:
+        from qmgui.cli.serve_router import cmd_serve_router  # noqa: PLC0415
+
+        return cmd_serve_router(args, out)
+    if args.more:
+        notify.error(
+            "serve runs one model; give --router to serve several through one endpoint",
+            source=SOURCE,
+        )
+        return EXIT_USAGE
+    if args.models_max is not None:
+        notify.error("--models-max is for --router", source=SOURCE)
+        return EXIT_USAGE
     prepared = launch_spec(args)
     if isinstance(prepared, int):
         return prepared
     spec, entry, req = prepared
+    # `--host`, or a `--host` in the extra arguments: beyond loopback, an API key
+    host = args.host if args.host is not None else flag_value(spec.argv, "--host")
+    if host is not None:
+        try:
+            exposed = exposure(host, spec.argv)
+        except SettingsError as e:
+            notify.error(str(e), source=SOURCE)
+            return EXIT_FAILED
+        if exposed.warning:
+            notify.warning(exposed.warning, source=SOURCE)
+        if exposed.new_key:  # on stderr: `ready URL` stays the first line of stdout
+            notify.info(f"API key (shown once): {exposed.new_key}", source=SOURCE)
+        spec = replace(spec, argv=(*spec.argv, *exposed.extra), host=host)
     registry = RunRegistry()
     if args.detach:
         sup = Supervisor(spec, registry=registry, detached=True, model_id=entry.id)

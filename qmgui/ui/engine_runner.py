@@ -43,9 +43,11 @@ from qmgui.engines.adopt import Adopted
 from qmgui.engines.model_ports import port_for_start
 from qmgui.engines.registry import RunEntry, RunRegistry
 from qmgui.engines.residuals import readback
+from qmgui.engines.router import RouterReading, is_router
 from qmgui.engines.runner import become_subreaper
 from qmgui.engines.supervisor import EngineSpec, State, Supervisor
-from qmgui.service.launch import Resolver, engine_spec
+from qmgui.service.launch import Request, Resolver, engine_spec
+from qmgui.service.router import plan_router, router_id, router_spec, write_preset
 from qmgui.ui.planning import PlanOutcome
 
 SOURCE = "engines"
@@ -110,6 +112,25 @@ class Engine:
     started_at: float = field(default_factory=time.monotonic)
     adopted: Adopted | None = None  # one an earlier qmgui left running, until restarted
     keep: bool = False  # keep running after quit (detached)
+    # a llama.cpp router: its latest reading (models, loaded ones and their memory), and how
+    # to build its spec again (the preset regenerated from the profiles as they are then)
+    router: RouterReading | None = None
+    replan: Callable[[], EngineSpec] | None = None
+
+    @property
+    def label(self) -> str:
+        """Its name; for a router, with the models it has loaded now."""
+        reading = self.router
+        if reading is None or not reading.models:
+            return self.name
+        loaded = [m.name for m in reading.loaded]
+        return f"{self.name}: loaded {', '.join(loaded) if loaded else 'none'}"
+
+    @property
+    def is_router(self) -> bool:
+        handle = self.handle
+        argv = self.spec.argv if self.spec is not None else handle.argv if handle else None
+        return is_router(argv or ())
 
     @property
     def handle(self) -> Supervisor | Adopted | None:
@@ -186,6 +207,7 @@ class EngineRunner(QObject):
         # the model's port, chosen and saved on the GUI thread (the window saves it through
         # its own settings path); None: chosen and saved on the worker (`port_for_start`)
         self.port_for: Callable[[ModelEntry], int] | None = None
+        self.port_for_id: Callable[[str], int] | None = None  # the same, by id (a router)
         self._state.connect(self._on_state, Qt.ConnectionType.QueuedConnection)
         self._found.connect(self._adopt, Qt.ConnectionType.QueuedConnection)
 
@@ -211,6 +233,51 @@ class EngineRunner(QObject):
             self._start(engine, outcome, resolver, port)
 
         self._spawn(f"start-{eid}", run)
+        return eid
+
+    def start_router(
+        self,
+        entries: Sequence[ModelEntry],
+        resolver: Callable[[], Resolver],
+        req: Request,
+        *,
+        host_bytes: int | None = None,
+    ) -> int:
+        """Serve `entries` through one endpoint (llama.cpp's router) on a worker thread; the
+        preset is planned there, and again at each restart (profiles as they are then)."""
+        eid = self._next
+        self._next += 1
+        rid = router_id(entries)
+        engine = Engine(eid, "router", None, None, busy=True, model_id=rid)
+        self.engines[eid] = engine
+        self.added.emit(eid)
+        port: list[int] = [self.port_for_id(rid)] if self.port_for_id is not None else []
+
+        def replan() -> EngineSpec:
+            r = resolver()
+            plan = plan_router(entries, r, req, host_bytes=host_bytes)
+            for warning in plan.warnings:
+                notify.warning(warning, source=SOURCE)
+            preset = write_preset(plan)
+            if not port:
+                port.append(port_for_start(rid, r.loaded.settings, path=r.loaded.path))
+            engine.name = plan.name
+            return router_spec(plan, preset, port=port[0])
+
+        engine.replan = replan
+
+        def run() -> None:
+            try:
+                engine.spec = replan()
+                self._launch(engine, engine.spec)
+            except Exception as e:  # a start that cannot happen is a message, not a crash
+                engine.error = str(e) or type(e).__name__
+                notify.error(f"the router could not start: {engine.error}", source=SOURCE)
+            finally:
+                engine.busy = False
+                self._post(engine.id, engine.state)
+
+        self._spawn(f"router-{eid}", run)
         return eid
 
     def stop(self, eid: int) -> None:
@@ -434,6 +501,8 @@ class EngineRunner(QObject):
         try:
             if old is not None and not old.state.final:
                 old.stop(STOP_GRACE_S)
+            if engine.replan is not None:
+                engine.spec = engine.replan()
             assert engine.spec is not None
             engine.error = ""
             self._launch(engine, engine.spec)

@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
 from qmgui.core.bench import generation_rate
 from qmgui.core.units import format_bytes
 from qmgui.engines.bench import read_metrics
+from qmgui.engines.router import read_router
 from qmgui.engines.supervisor import State
 from qmgui.ui import browser
 from qmgui.ui.engine_runner import Engine, EngineRunner
@@ -50,7 +51,29 @@ def uptime_words(seconds: float | None) -> str:
     return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
 
 
+def router_memory_words(engine: Engine) -> str:
+    """A router's Memory cell: what its loaded models allocated, read back from their logs
+    (else what their processes hold); no plan to compare."""
+    reading = engine.router
+    held = [m.buffer_bytes or m.rss_bytes or 0 for m in reading.loaded] if reading else []
+    return f"— / {format_bytes(sum(held))}" if any(held) else ""
+
+
+def router_tip(engine: Engine) -> str:
+    reading = engine.router
+    if reading is None:
+        return ""
+    lines = []
+    for m in reading.models:
+        held = f", {format_bytes(m.buffer_bytes)} allocated" if m.buffer_bytes else ""
+        held += f", {format_bytes(m.rss_bytes)} resident (pid {m.pid})" if m.rss_bytes else ""
+        lines.append(f"{m.name}: {m.status}{held}")
+    return "\n".join(lines)
+
+
 def memory_words(engine: Engine) -> str:
+    if engine.is_router:
+        return router_memory_words(engine)
     mem = engine.memory
     if mem is None:
         return ""
@@ -135,6 +158,8 @@ class EnginesPanel(QWidget):
         self._ticks = 0
         worker = LatestWins("metrics", self)
         worker.finished.connect(self._on_metrics)
+        self.routers = LatestWins("routers", self)  # routers' models, read on a worker
+        self.routers.finished.connect(self._on_routers)
         return worker
 
     def _build_table(self) -> QTableWidget:
@@ -206,7 +231,7 @@ class EnginesPanel(QWidget):
     def _fill_row(self, row: int, engine: Engine) -> None:
         url = engine.url or ""
         texts = (
-            engine.name,
+            engine.label,
             state_words(engine),
             url,
             uptime_words(engine.uptime_s()),
@@ -227,6 +252,9 @@ class EnginesPanel(QWidget):
         state_item = self.table.item(row, COL_STATE)
         if state_item is not None and state_item.toolTip() != tip:
             state_item.setToolTip(tip)
+        model_item = self.table.item(row, COL_MODEL)
+        if engine.is_router and model_item is not None:
+            model_item.setToolTip(router_tip(engine))
 
     def refresh(self) -> None:
         """The timer: uptimes, states and the selected engine's log tail (all cheap reads)."""
@@ -258,6 +286,30 @@ class EnginesPanel(QWidget):
         ]
         if targets:
             self.metrics.submit(lambda: {eid: read_metrics(url) for eid, url in targets})
+        self.poll_routers()
+
+    def poll_routers(self) -> None:
+        """Read the ready routers' models (and their children's memory) on a worker."""
+        routers = [
+            (eid, e.url, e.handle)
+            for eid, e in self.runner.engines.items()
+            if e.is_router and e.url and e.handle and e.state is State.READY and not e.busy
+        ]
+        if routers and not self.routers.busy:
+            self.routers.submit(
+                lambda: {eid: read_router(url, h.pid, h.log.text()) for eid, url, h in routers}
+            )
+
+    def _on_routers(self, result: object) -> None:
+        assert isinstance(result, dict)
+        for eid, reading in result.items():
+            engine = self.runner.engines.get(eid)
+            if engine is not None and engine.router != reading:
+                before = engine.label
+                engine.router = reading
+                if engine.label != before:
+                    self.runner.changed.emit(eid)  # the tray shows the loaded models too
+        self._sync_rows()
 
     def _on_metrics(self, result: object) -> None:
         assert isinstance(result, dict)

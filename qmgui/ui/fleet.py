@@ -18,7 +18,8 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from qmgui import notify
 from qmgui.core.discovery import ModelEntry
 from qmgui.core.launch import LaunchSettings
-from qmgui.service.launch import Resolver
+from qmgui.core.units import MIB
+from qmgui.service.launch import DEFAULT_PORT, Request, Resolver
 from qmgui.settings import ModelOverride, RunSet, Settings
 from qmgui.ui.budgeting import StartDecision, start_decision
 from qmgui.ui.engine_runner import EngineRunner
@@ -163,6 +164,41 @@ class Fleet(QObject):
 
             self.starter.submit(task)
 
+    def serve_router(self, model_ids: Sequence[str], *, why: str = "") -> int | None:
+        """Serve the models through one endpoint (llama.cpp's router), each with the settings
+        of its own launch (its saved profile); the router's engine id, None when none of
+        them is in the library."""
+        by_id = {e.id: e for e in self._entries()}
+        missing = [m for m in model_ids if m not in by_id]
+        if missing:
+            notify.warning(
+                f"{why or 'serve'}: not in the library now: {', '.join(missing)}", source=SOURCE
+            )
+        wanted = [by_id[m] for m in dict.fromkeys(model_ids) if m in by_id]
+        if not wanted:
+            return None
+        hw = self.plan_hardware(self._hardware())
+        req = Request(
+            settings=LaunchSettings(),
+            gpus=hw.gpus,
+            reserve=self._reserve() * MIB,
+            port=DEFAULT_PORT,
+            extra=(),
+        )
+        notify.info(
+            f"Serving {len(wanted)} model(s) through one endpoint: "
+            + ", ".join(e.name for e in wanted),
+            source=SOURCE,
+        )
+        return self.runner.start_router(wanted, self._resolver, req, host_bytes=hw.host_bytes)
+
+    def serve_run_set(self, name: str) -> int | None:
+        rs = next((r for r in self._load().run_sets if r.name == name), None)
+        if rs is None:
+            notify.warning(f"no run set called {name!r}", source=SOURCE)
+            return None
+        return self.serve_router(rs.model_ids, why=f"run set {name}")
+
     def _on_start(self, result: object) -> None:
         assert isinstance(result, _Start)
         o, d = result.outcome, result.decision
@@ -210,7 +246,7 @@ class Fleet(QObject):
     def running_model_ids(self) -> list[str]:
         seen: list[str] = []
         for e in self.runner.running():
-            if e.model_id and e.model_id not in seen:
+            if e.model_id and e.model_id not in seen and not e.is_router:
                 seen.append(e.model_id)
         return seen
 

@@ -104,7 +104,7 @@ def freeze_heap() -> None:
 
     A full collection holds the GIL from whichever thread triggers it; when a scan or badge
     worker triggered one, the GUI thread waited for it: 100-220 ms of the stalls
-    tests/ui/test_stall.py measured were gen-2 collections on worker threads, over objects that
+    bench/gui_stall.py measured were gen-2 collections on worker threads, over objects that
     live as long as the window (the library, compiled graphs, Qt wrappers). Frozen objects are
     still freed by reference counting; only cycles among them would wait. Cheap: it moves a
     list, it does not traverse it."""
@@ -280,6 +280,7 @@ class MainWindow(QMainWindow):
         """The launch command with its Start button; the Engines dock (bottom) beside them."""
         self.engine_runner = EngineRunner(self)
         self.engine_runner.port_for = self._port_for
+        self.engine_runner.port_for_id = self._port_for_id
         self.engines_panel = EnginesPanel(self.engine_runner, self)
         self.engines_dock = QDockWidget("Engines", self)
         self.engines_dock.setObjectName("engines-dock")
@@ -364,9 +365,21 @@ class MainWindow(QMainWindow):
         self.start_action = QAction("Start", self)
         self.start_action.setShortcut(QKeySequence("Ctrl+Return"))
         self.start_action.setToolTip("Start the selected model with the plan shown (Ctrl+Enter)")
+        self.serve_router_action = QAction("Serve through one endpoint", self)
+        self.serve_router_action.setObjectName("serve-router")
+        self.serve_router_action.setToolTip(
+            "Serve the selected models (Ctrl-click for several) behind one address: "
+            "llama.cpp's router loads each on its first request, with its own settings"
+        )
+        self.serve_router_action.triggered.connect(self.serve_selected_through_router)
         view = self.table.view
         view.setContextMenuPolicy(Qt.ContextMenuPolicy.ActionsContextMenu)
-        for action in (self.start_action, self.model_actions.favourite, self.model_actions.pin):
+        for action in (
+            self.start_action,
+            self.serve_router_action,
+            self.model_actions.favourite,
+            self.model_actions.pin,
+        ):
             view.addAction(action)
             self.addAction(action)
 
@@ -537,9 +550,13 @@ class MainWindow(QMainWindow):
     def _port_for(self, entry: ModelEntry) -> int:
         """The model's port: its saved one, else chosen now (`choose_port`) and saved with the
         window's settings, so every later start, restart and preview uses it."""
-        port = choose_port(self.settings, entry.id)
-        if stored_port(self.settings, entry.id) is None:
-            self._store(with_port(self.settings, entry.id, port))
+        return self._port_for_id(entry.id)
+
+    def _port_for_id(self, model_id: str) -> int:
+        """`_port_for` by id (a router's id names its port likewise)."""
+        port = choose_port(self.settings, model_id)
+        if stored_port(self.settings, model_id) is None:
+            self._store(with_port(self.settings, model_id, port))
         return port
 
     def _store(self, settings: Settings) -> None:
@@ -749,7 +766,7 @@ class MainWindow(QMainWindow):
         freeze_heap()
         # the badges (a fit search per model, seconds of Python for hundreds of models) start
         # once the new rows are painted: the paint calls into Python for every cell and must
-        # not wait for the GIL behind a worker (tests/ui/test_stall.py)
+        # not wait for the GIL behind a worker (bench/gui_stall.py)
         self.badge_timer.start()
         wanted = self._pending_select or (keep.id if keep else None)
         self._pending_select = None
@@ -1083,6 +1100,20 @@ class MainWindow(QMainWindow):
             if self._hardware.what_if
             else "Run this command now and watch it in the Engines panel"
         )
+
+    def serve_selected_through_router(self) -> int | None:
+        """Serve through one endpoint: the selected models behind one llama.cpp router
+        (planned and started off the GUI thread); the router's engine id."""
+        entries = self.table.selected_entries()
+        if not entries:
+            notify.info(
+                "Select the models to serve first (Ctrl-click for several)", source="engines"
+            )
+            return None
+        eid = self.fleet.serve_router([e.id for e in entries])
+        if eid is not None:
+            self.focus_engine(eid)
+        return eid
 
     def running_engine_of(self, model_id: str) -> int | None:
         """The id of an engine of `model_id` that is starting or running, else None."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from PySide6.QtCore import (
     QAbstractTableModel,
     QEvent,
+    QItemSelectionModel,
     QModelIndex,
     QObject,
     QPersistentModelIndex,
@@ -302,7 +303,9 @@ class ModelTable(QWidget):
         self.view.setModel(self.proxy)
         self.view.setSortingEnabled(True)
         self.view.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.view.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        # several rows (Ctrl/Shift-click) for "Serve through one endpoint"; the current row
+        # is the one the plan shows
+        self.view.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
         self.view.setAlternatingRowColors(True)
         self.view.setShowGrid(False)
         self.view.setWordWrap(False)
@@ -338,6 +341,29 @@ class ModelTable(QWidget):
             return None
         entry = index.data(ENTRY_ROLE)
         return entry if isinstance(entry, ModelEntry) else None
+
+    def selected_entries(self) -> list[ModelEntry]:
+        """The selected rows' models, in the table's order (the current one when none)."""
+        rows = sorted(self.view.selectionModel().selectedRows(0), key=lambda i: i.row())
+        found = [e for i in rows if isinstance(e := i.data(ENTRY_ROLE), ModelEntry)]
+        current = self.current_entry()
+        return found or ([current] if current is not None else [])
+
+    def select_ids(self, entry_ids: list[str]) -> int:
+        """Add the rows of `entry_ids` to the selection (as Ctrl-click does); how many."""
+        n = 0
+        sel = self.view.selectionModel()
+        for entry_id in entry_ids:
+            row = self.model.row_of(entry_id)
+            index = self.proxy.mapFromSource(self.model.index(row, 0)) if row is not None else None
+            if index is not None and index.isValid():
+                sel.select(
+                    index,
+                    QItemSelectionModel.SelectionFlag.Select
+                    | QItemSelectionModel.SelectionFlag.Rows,
+                )
+                n += 1
+        return n
 
     def select_id(self, entry_id: str | None) -> bool:
         row = self.model.row_of(entry_id) if entry_id else None

@@ -145,7 +145,7 @@ class RunnerEngines(QObject):
 
     def engines(self) -> Sequence[EngineRow]:
         return [
-            EngineRow(str(eid), e.name, e.state, e.url, e.chat_url)
+            EngineRow(str(eid), getattr(e, "label", e.name), e.state, e.url, e.chat_url)
             for eid, e in self.runner.engines.items()
         ]
 
