@@ -88,6 +88,7 @@ from qmgui.ui.vram_bar import MemoryPanel, bars_for
 from qmgui.ui.workers import Breather, LatestWins, ScanRunner
 
 if TYPE_CHECKING:  # dialogs are imported when opened (not on the start path)
+    from qmgui.ui.get_models import GetModelsDialog
     from qmgui.ui.roots_dialog import RootsDialog
 
 SOURCE = "window"
@@ -157,6 +158,7 @@ class MainWindow(QMainWindow):
         self._last_free: tuple[int, ...] | None = None
         self._scan_message = ""  # the status message of the scan under way ("" if none)
         self._start_when_planned: str | None = None  # model id: start once this machine planned
+        self._get_models: GetModelsDialog | None = None  # made when first opened
         self.what_if_box: QMessageBox | None = None  # "Start under a what-if profile?" while open
 
         self._build_widgets()
@@ -320,6 +322,11 @@ class MainWindow(QMainWindow):
         self.backends_action.setToolTip(
             "The engines qmgui can run, and the ★ default per model class (Ctrl+B)"
         )
+        self.get_models_action = QAction("Get models…", self)
+        self.get_models_action.setShortcut(QKeySequence("Ctrl+Shift+G"))
+        self.get_models_action.setToolTip(
+            "Search Hugging Face, see what fits before downloading, download (Ctrl+Shift+G)"
+        )
         self.quit_action = QAction("Quit", self)
         self.quit_action.setShortcut(QKeySequence("Ctrl+Q"))
         self.quit_action.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut)
@@ -327,6 +334,7 @@ class MainWindow(QMainWindow):
         bar.addAction(self.add_action)
         bar.addAction(self.roots_action)
         bar.addAction(self.rescan_action)
+        bar.addAction(self.get_models_action)
         bar.addAction(self.backends_action)
         bar.addAction(self.profiles.paste_action)
         self._build_fleet_actions(bar)
@@ -409,6 +417,7 @@ class MainWindow(QMainWindow):
         self.rescan_action.triggered.connect(self.rescan)
         self.quit_action.triggered.connect(self._quit)
         self.backends_action.triggered.connect(self.open_backends)
+        self.get_models_action.triggered.connect(self.open_get_models)
         self.filter_shortcut.activated.connect(self.focus_filter)
         self.hardware_box.currentTextChanged.connect(self.set_hardware)
         self.drops.dropped.connect(self._on_drop)
@@ -708,6 +717,28 @@ class MainWindow(QMainWindow):
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.open()
         return dialog
+
+    def open_get_models(self) -> GetModelsDialog:
+        """The Get models dialog (one, kept while the window lives: a download goes on when
+        it is closed); what it downloads lands in a model folder, added and rescanned."""
+        from qmgui.ui.get_models import GetModelsDialog  # noqa: PLC0415 - not on the start path
+
+        if self._get_models is None:
+            roots = self._roots_override or list(self.settings.model_roots)
+            folder = next((r for r in roots if os.path.isdir(r)), "")
+            self._get_models = GetModelsDialog(
+                self, folder=folder or str(Path.home() / "models"), downloaded=self._on_downloaded
+            )
+        self._get_models.show()
+        self._get_models.raise_()
+        return self._get_models
+
+    def _on_downloaded(self, paths: Sequence[str]) -> None:
+        folders = sorted({os.path.dirname(os.path.abspath(p)) for p in paths})
+        before = list(self.roots())
+        self.add_roots(folders)  # a new folder is added and scanned; one inside a root is not
+        if list(self.roots()) == before:
+            self.rescan()
 
     def choose_folder(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Add a folder of models")
@@ -1240,6 +1271,8 @@ class MainWindow(QMainWindow):
             worker.cancel()
             worker.wait()
         self.engines_panel.timer.stop()
+        if self._get_models is not None:
+            self._get_models.wait()  # a download stops at its next chunk (resumable)
         self.fleet.wait()
         if self.tray is not None and self.tray.quit_choice is QuitChoice.LEAVE:
             self.engine_runner.leave_all()  # "Leave them running": detached, adopted later
