@@ -16,8 +16,19 @@ ENV = "QMGUI_REPORT_SHOWN"
 
 
 def started_ms_ago() -> float:
-    """Milliseconds since this process was created (the kernel's clock, not our import)."""
-    return (time.time() - psutil.Process().create_time()) * 1000
+    """Milliseconds since this process was created (the kernel's clock, not our import).
+
+    On Linux: the process's start in clock ticks since boot (/proc/self/stat) against
+    CLOCK_BOOTTIME, both counted from boot. Not psutil's create_time: that adds the boot time
+    from /proc/stat, which is in whole seconds, so it is off by up to a second."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])  # field 22, starttime, counting from field 3 after the name
+        start_s = ticks / os.sysconf("SC_CLK_TCK")
+        return (time.clock_gettime(time.CLOCK_BOOTTIME) - start_s) * 1000
+    except (OSError, ValueError, IndexError, AttributeError):
+        return (time.time() - psutil.Process().create_time()) * 1000
 
 
 class _FirstPaint(QObject):
