@@ -592,15 +592,25 @@ def _wait_gone(
         time.sleep(WAIT_STEP_S)
 
 
-def _let_parents_reap(procs: Sequence[psutil.Process], wait_s: float = ZOMBIE_WAIT_S) -> None:
+def _let_parents_reap(
+    procs: Sequence[psutil.Process],
+    wait_s: float = ZOMBIE_WAIT_S,
+    *,
+    group: int | None = None,
+    exclude: int | None = None,
+) -> None:
     """Give the zombies among `procs` a moment to be reaped by their parent (init, for the
-    orphans of an engine), so their pids are really free when a stop returns."""
+    orphans of an engine), so their pids are really free when a stop returns. Those of
+    `group` that became this process's own (a subreaper adopts the children of a parent that
+    died in the meantime: a router's models) are reaped here, each turn."""
     until = time.monotonic() + wait_s
     left = list(procs)
     while left and time.monotonic() < until:
+        reap_adopted(group, exclude=exclude)
         left = [p for p in left if _still_listed(p)]
         if left:
             time.sleep(WAIT_STEP_S)
+    reap_adopted(group, exclude=exclude)
 
 
 def _still_listed(p: psutil.Process) -> bool:
@@ -699,7 +709,5 @@ def terminate_tree(
     if still:
         pids = ", ".join(str(p.pid) for p in still)
         raise EngineError(f"processes {pids} did not die after SIGKILL")
-    if ours_group is not None:
-        reap_adopted(ours_group, exclude=owned)
-    _let_parents_reap(others)
+    _let_parents_reap(others, group=ours_group, exclude=owned)
     return StopResult(graceful=killed == 0, killed=killed, seconds=time.monotonic() - start)
