@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from PySide6.QtCore import QEventLoop, QTimer  # noqa: E402
+from PySide6.QtCore import QEventLoop, QTimer, qInstallMessageHandler  # noqa: E402
 
 from qmgui.app import make_application  # noqa: E402
 from qmgui.engines.llama_run import find_llama_server  # noqa: E402
@@ -100,7 +100,14 @@ def measure(meter: StallMeter, act: Callable[[], None], done: Callable[[], bool]
     return meter.stop()
 
 
+def _quiet_offscreen(mode: object, context: object, message: str) -> None:
+    """Qt's messages, less the offscreen platform's note on every window it shows."""
+    if "propagateSizeHints" not in message:
+        print(message, file=sys.stderr)
+
+
 def main() -> int:
+    qInstallMessageHandler(_quiet_offscreen)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--models", type=int, default=500)
