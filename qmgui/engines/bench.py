@@ -31,7 +31,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -40,8 +39,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
-
-from filelock import FileLock
 
 from qmgui import notify
 from qmgui.core.bench import (
@@ -61,15 +58,14 @@ from qmgui.core.discovery import ModelEntry
 from qmgui.core.errors import EngineError
 from qmgui.core.readback import parse_llama_log
 from qmgui.engines.adopt import Adopted
+from qmgui.engines.json_store import JsonStore
 from qmgui.engines.registry import RunEntry, RunRegistry, state_dir
 from qmgui.engines.residuals import machine_name
 from qmgui.engines.supervisor import EngineSpec, State, Supervisor
-from qmgui.keep_aside import move_aside
 
 FILE_NAME = "bench.json"
 VERSION = 1
 MAX_RESULTS = 200
-LOCK_TIMEOUT_S = 10.0
 REQUEST_TIMEOUT_S = 600.0  # one completion on a large model on a CPU can take minutes
 READY_TIMEOUT_S = 600.0
 LOG_HEAD_BYTES = 4 << 20  # what of a running engine's log file is read for its devices
@@ -353,64 +349,27 @@ class BenchStore:
         self, path: Path | None = None, *, notifier: notify.Notifier | None = None
     ) -> None:
         self.path = path or state_dir() / FILE_NAME
-        self._notifier = notifier
-        self._lock = threading.Lock()
-
-    def _read(self) -> dict[str, Any]:
-        try:
-            data: Any = json.loads(self.path.read_text(encoding="utf-8"))
-            entries = data["results"]
-            if not isinstance(entries, dict):
-                raise TypeError("results is not an object")
-            return entries
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            try:
-                aside: Path | str = move_aside(self.path)
-            except OSError:
-                aside = "(it could not be moved aside)"
-            (self._notifier or notify.notifier).warning(
-                f"the benchmark results {self.path} could not be read ({type(e).__name__}); "
-                f"it was moved to {aside} and a new file is started",
-                source=_SOURCE,
-            )
-            return {}
-
-    def _write(self, entries: dict[str, Any]) -> None:
-        data = {"version": VERSION, "results": entries}
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".bench-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(data, f, indent=1, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        self._file = JsonStore(
+            self.path, key="results", version=VERSION, what="the benchmark results",
+            source=_SOURCE, notifier=notifier,
+        )  # fmt: skip
 
     def record(self, result: BenchResult) -> None:
         """Keep `result` (replacing the one of its key); OSError when it cannot be written."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._lock, FileLock(f"{self.path}.lock", timeout=LOCK_TIMEOUT_S):
-            entries = self._read()
+        with self._file.changing() as entries:
             entries[result.key()] = result.to_json()
             if len(entries) > MAX_RESULTS:
                 newest = sorted(
                     entries.items(), key=lambda kv: str(kv[1].get("measured_at", "")), reverse=True
                 )
-                entries = dict(newest[:MAX_RESULTS])
-            self._write(entries)
+                entries.clear()
+                entries.update(newest[:MAX_RESULTS])
 
     def results(self) -> list[BenchResult]:
         """Every result kept (unreadable ones skipped), newest first. Reads without the lock:
         the file is only ever replaced whole."""
         out: list[BenchResult] = []
-        with self._lock:
-            entries = self._read()
-        for value in entries.values():
+        for value in self._file.read().values():
             with contextlib.suppress(ValueError, TypeError, KeyError):
                 out.append(BenchResult.from_json(value))
         out.sort(key=lambda r: r.measured_at, reverse=True)

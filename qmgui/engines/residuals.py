@@ -16,13 +16,8 @@ cannot be read is moved aside and reported. The sizing code may read a correctio
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import re
 import socket
-import tempfile
-import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -30,14 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from filelock import FileLock
 
 from qmgui import notify
 from qmgui.core.footprint import CPU, DeviceFootprint, Footprint
 from qmgui.core.readback import DeviceReport, EngineReport, parse_llama_log
+from qmgui.engines.json_store import JsonStore
 from qmgui.engines.registry import state_dir
 from qmgui.hw.nvml import NvmlReading
-from qmgui.keep_aside import move_aside
 
 FILE_NAME = "residuals.json"
 VERSION = 1
@@ -240,7 +234,6 @@ def _key(machine: str, build: str | None, architecture: str | None) -> str:
     return f"{machine}|{build or 'unknown'}|{architecture or 'unknown'}"
 
 
-LOCK_TIMEOUT_S = 10.0  # another qmgui holds the store's lock for milliseconds per record
 
 
 class ResidualStore:
@@ -252,44 +245,10 @@ class ResidualStore:
         self, path: Path | None = None, *, notifier: notify.Notifier | None = None
     ) -> None:
         self.path = path or state_dir() / FILE_NAME
-        self._notifier = notifier
-        self._lock = threading.Lock()
-
-    def _read(self) -> dict[str, Any]:
-        try:
-            data: Any = json.loads(self.path.read_text(encoding="utf-8"))
-            entries = data["entries"]
-            if not isinstance(entries, dict):
-                raise TypeError("entries is not an object")
-            return entries
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            try:
-                aside: Path | str = move_aside(self.path)
-            except OSError:
-                aside = "(it could not be moved aside)"
-            (self._notifier or notify.notifier).warning(
-                f"the memory residual store {self.path} could not be read ({type(e).__name__}); "
-                f"it was moved to {aside} and a new one is started",
-                source=_SOURCE,
-            )
-            return {}
-
-    def _write(self, entries: Mapping[str, Any]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        data = {"version": VERSION, "entries": entries}
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".residuals-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(data, f, indent=1, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        self._file = JsonStore(
+            self.path, key="entries", version=VERSION, what="the memory residual store",
+            source=_SOURCE, notifier=notifier,
+        )  # fmt: skip
 
     def record(self, result: Readback, *, machine: str | None = None) -> dict[str, Any] | None:
         """Fold `result`'s residuals into the running mean of its key; the new entry, or None
@@ -300,9 +259,7 @@ class ResidualStore:
         machine = machine or machine_name()
         key = _key(machine, result.build, result.architecture)
         residuals = result.residuals()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._lock, FileLock(f"{self.path}.lock", timeout=LOCK_TIMEOUT_S):
-            entries = self._read()
+        with self._file.changing() as entries:
             old = entries.get(key) or {}
             n = int(old.get("samples", 0)) if isinstance(old, dict) else 0
             mean = old.get("mean", {}) if isinstance(old, dict) else {}
@@ -319,15 +276,13 @@ class ResidualStore:
                 "updated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             }
             entries[key] = entry
-            self._write(entries)
         return entry
 
     def read(
         self, *, build: str | None, architecture: str | None, machine: str | None = None
     ) -> dict[str, int] | None:
         """The mean actual − planned bytes per buffer kind for this key, or None."""
-        with self._lock:
-            entry = self._read().get(_key(machine or machine_name(), build, architecture))
+        entry = self._file.read().get(_key(machine or machine_name(), build, architecture))
         if not isinstance(entry, dict):
             return None
         mean = entry.get("mean")
