@@ -24,6 +24,7 @@ NUMPY = ("numpy", "gguf")
 OTHER_COMMANDS = (
     "pydantic", "yaml", "qmgui.settings", "qmgui.engines", "qmgui.cli.preview",
     "qmgui.core.command_import", "qmgui.core.emit",  # `qmgui import` reads commands, not plan
+    "qmgui.core.vllm", "psutil",  # vLLM plans only; RAM comes from /proc/meminfo on Linux
     "qmgui.download", "huggingface_hub",  # `qmgui get` and `qmgui search` (issue 16)
 )  # fmt: skip
 

@@ -39,7 +39,6 @@ from qmgui.core.launch import (
 from qmgui.core.meta import MAX_CONTEXT, ModelClass
 from qmgui.core.profile import apply_profile, vllm_pins
 from qmgui.core.units import format_bytes, parse_size
-from qmgui.core.vllm import plan_vllm
 from qmgui.hw.host import read_ram
 from qmgui.hw.nvml import read_gpus
 from qmgui.hw.profiles import lookup
@@ -569,6 +568,8 @@ def _cmd_plan_vllm(
     *,
     remote: dict[str, int] | None = None,
 ) -> int:
+    from qmgui.core.vllm import plan_vllm  # noqa: PLC0415 - GGUF plans never need it
+
     assert entry.meta is not None
     remote = remote or {}
     gpu = gpus[0] if gpus else None

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qmgui.core.launch import LaunchSettings
-from qmgui.core.vllm import (
-    VllmPins,
-)
+
+if TYPE_CHECKING:  # the vLLM planner is imported when a vLLM launch is pinned, not by `plan`
+    from qmgui.core.vllm import VllmPins
 
 Profile = Mapping[str, Any]
 
@@ -129,6 +129,8 @@ def vllm_pins(
 ) -> VllmPins:
     """The vLLM pins of a launch: what the caller gives explicitly wins, the profile fills
     the rest (its `ctx_size` is the `--max-model-len`)."""
+    from qmgui.core.vllm import VllmPins  # noqa: PLC0415
+
     p = profile or {}
     return VllmPins(
         max_model_len=max_model_len or p.get("ctx_size") or None,

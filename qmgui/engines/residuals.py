@@ -234,8 +234,6 @@ def _key(machine: str, build: str | None, architecture: str | None) -> str:
     return f"{machine}|{build or 'unknown'}|{architecture or 'unknown'}"
 
 
-
-
 class ResidualStore:
     """Thread-safe and process-safe (a file lock beside the store around each
     read-modify-write: the window and `qmgui serve` record at the same time); every change is

@@ -131,3 +131,18 @@ def test_this_machine() -> None:
     assert host.logical_cores and host.logical_cores >= 1
     assert host.machine
     assert set(host.simd) <= set(SIMD_FLAGS)
+
+
+def test_ram_on_linux_is_read_from_meminfo_as_psutil_reads_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`qmgui plan` reads RAM without importing psutil: MemTotal and MemAvailable, in bytes."""
+    from qmgui.hw.host import _meminfo
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(
+        "MemTotal:       24683584 kB\nMemFree:         1000000 kB\n"
+        "MemAvailable:   24101360 kB\nBuffers:           12345 kB\n"
+    )
+    assert _meminfo(str(meminfo)) == (24683584 * 1024, 24101360 * 1024)
+    meminfo.write_text("MemTotal:       24683584 kB\n")  # an old kernel: no MemAvailable
+    assert _meminfo(str(meminfo)) is None
+    assert _meminfo(str(tmp_path / "missing")) is None
