@@ -52,6 +52,7 @@ from qmgui.ui.planning import PlanOutcome
 
 SOURCE = "engines"
 STOP_GRACE_S = 5.0
+LATE_MEMORY_S = 5.0  # how long the buffer lines may trail the health endpoint in the log file
 JOIN_S = 30.0
 
 
@@ -458,10 +459,13 @@ class EngineRunner(QObject):
                 return
             if state == State.READY:
                 engine.ready_at = time.monotonic()
-                try:
-                    engine.memory = memory_of(s.log.text(), engine.footprint)
-                except Exception:  # a comparison is a nicety, never a failure
-                    engine.memory = Memory(None, None)
+                if not self._measure(engine, s):
+                    # health answered before the log file's follower read the buffer lines:
+                    # read them once it has (a short thread; the monitor must not wait)
+                    threading.Thread(
+                        target=self._measure_late, args=(engine, s), daemon=True,
+                        name=f"qmgui-memory-{engine.id}",
+                    ).start()  # fmt: skip
             if state in (State.CRASHED, State.FAILED):
                 outcome = s.outcome
                 notify.error(str(outcome or f"{engine.name} {state.value}"), source=SOURCE)
@@ -473,6 +477,27 @@ class EngineRunner(QObject):
         engine.adopted = None  # a restarted adopted engine is this window's own now
         sup.subscribe(on_state)
         sup.start()
+
+    @staticmethod
+    def _measure(engine: Engine, sup: Supervisor) -> bool:
+        """Planned against actual memory from the engine's log; False while its buffer lines
+        are not in the log yet."""
+        try:
+            engine.memory = memory_of(sup.log.text(), engine.footprint)
+        except Exception:  # a comparison is a nicety, never a failure
+            engine.memory = Memory(None, None)
+            return True
+        return engine.memory.actual is not None
+
+    def _measure_late(self, engine: Engine, sup: Supervisor) -> None:
+        deadline = time.monotonic() + LATE_MEMORY_S
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            if sup is not engine.supervisor or sup.state != State.READY:
+                return
+            if self._measure(engine, sup):
+                self._post(engine.id, State.READY)
+                return
 
     def _start(
         self, engine: Engine, outcome: PlanOutcome, resolver: Resolver, port: int | None = None
