@@ -39,7 +39,7 @@ import contextlib
 import json
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from types import FrameType
 from typing import Any, TextIO
@@ -300,7 +300,8 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
         return _run_detached(sup, out)
     _list_survivors(registry)
     become_subreaper()
-    return _run(Supervisor(spec, registry=registry), entry, req, args.json, out)
+    sup = Supervisor(spec, registry=registry)
+    return serve_until_stopped(sup, lambda: _report_ready(sup, entry, req, args.json, out))
 
 
 @contextlib.contextmanager
@@ -335,11 +336,13 @@ def _failed(sup: Supervisor) -> int:
     return EXIT_FAILED
 
 
-def _run(sup: Supervisor, entry: Any, req: Any, as_json: bool, out: TextIO) -> int:
+def serve_until_stopped(sup: Supervisor, on_ready: Callable[[], None]) -> int:
+    """Start, call `on_ready` once it serves, and serve until a stop signal (exit 0) or until
+    it fails (exit 1, with its message); whatever happens, it is stopped on the way out."""
     with _stop_signals() as stop:
         try:
             if _start_until_ready(sup, stop):
-                _report_ready(sup, entry, req, as_json, out)
+                on_ready()
                 while not stop.wait(0.2) and not sup.state.final:
                     pass
             if sup.state.final and not stop.is_set():

@@ -28,11 +28,9 @@ from qmgui.cli.serve import (
     EXIT_USAGE,
     PLACEHOLDER_PORT,
     SOURCE,
-    _failed,
     _list_survivors,
     _run_detached,
-    _start_until_ready,
-    _stop_signals,
+    serve_until_stopped,
 )
 from qmgui.core.discovery import ModelEntry, entry_for_path
 from qmgui.core.emit import EmitError
@@ -111,7 +109,14 @@ def cmd_serve_router(args: argparse.Namespace, out: TextIO) -> int:
         return code
     _list_survivors(registry)
     become_subreaper()
-    return _run(Supervisor(spec, registry=registry, model_id=plan.router_id), plan, out)
+    sup = Supervisor(spec, registry=registry, model_id=plan.router_id)
+    return serve_until_stopped(sup, lambda: _report_ready(sup, plan, out))
+
+
+def _report_ready(sup: Supervisor, plan: RouterPlan, out: TextIO) -> None:
+    with contextlib.suppress(OSError):
+        print(f"ready {sup.url}", file=out, flush=True)
+    _print_models(plan.models, plan.models_max, out)
 
 
 def _print_models(models: tuple[str, ...], models_max: int, out: TextIO) -> None:
@@ -119,21 +124,3 @@ def _print_models(models: tuple[str, ...], models_max: int, out: TextIO) -> None
         for name in models:
             print(f"model {name}", file=out)
         print(f"models loaded at once: at most {models_max}", file=out, flush=True)
-
-
-def _run(sup: Supervisor, plan: RouterPlan, out: TextIO) -> int:
-    with _stop_signals() as stop:
-        try:
-            if _start_until_ready(sup, stop):
-                with contextlib.suppress(OSError):
-                    print(f"ready {sup.url}", file=out, flush=True)
-                _print_models(plan.models, plan.models_max, out)
-                while not stop.wait(0.2) and not sup.state.final:
-                    pass
-            if sup.state.final and not stop.is_set():
-                return _failed(sup)
-            notify.info(str(sup.stop()), source=SOURCE)
-            return EXIT_OK
-        finally:
-            if not sup.state.final:
-                sup.stop()
