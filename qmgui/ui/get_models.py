@@ -10,6 +10,7 @@ folder as a root, rescan)."""
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -173,18 +174,33 @@ class GetModelsDialog(QDialog):
         self.lister.submit(lambda: _list_repo(repo, ctx))
 
     def download(self) -> None:
+        """Download the chosen model of the listed repository (and its projector)."""
         item = self.models.currentItem()
-        folder = self.folder.text().strip()
-        if item is None or self._found is None or not folder or self.getter.busy:
+        if item is None or self._found is None:
             return
-        from qmgui import download, hub  # noqa: PLC0415
+        from qmgui import hub  # noqa: PLC0415
 
-        jobs = hub.download_jobs(self._found, item.data(0, ROLE))
+        self._fetch(hub.download_jobs(self._found, item.data(0, ROLE)), printable(item.text(3)))
+
+    def download_url(self, url: str, label: str) -> bool:
+        """Download the GGUF at `url` (every shard of a split set) into the folder on show:
+        the window's Start on a model planned from its URL. False when a download runs."""
+        return self._fetch([(url, None)], printable(label))
+
+    def _fetch(self, jobs: list[tuple[str, str | None]], label: str) -> bool:
+        folder = self.folder.text().strip()
+        if not jobs or not folder or self.getter.busy:
+            if self.getter.busy:
+                self.status.setText("A download is running; wait for it or cancel it")
+            return False
+        from qmgui import download  # noqa: PLC0415
+
         cancel = download.CancelToken()
         self._cancel = cancel
         moved = self._progress.moved
 
         def work() -> list[str]:
+            os.makedirs(folder, exist_ok=True)  # the folder on show, named by the user
             paths: list[str] = []
             for url, sha in jobs:
                 result = download.download_url(
@@ -196,8 +212,9 @@ class GetModelsDialog(QDialog):
         self.bar.setValue(0)
         self.cancel_button.setEnabled(True)
         self.download_button.setEnabled(False)
-        self.status.setText(f"Downloading {printable(item.text(3))}…")
+        self.status.setText(f"Downloading {label}…")
         self.getter.submit(work)
+        return True
 
     def cancel(self) -> None:
         if self._cancel is not None:

@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QMainWindow,
+    QMenu,
     QMessageBox,
     QProgressBar,
     QPushButton,
@@ -81,6 +82,7 @@ from qmgui.ui.planning import (
 )
 from qmgui.ui.preview_pane import PreviewPane
 from qmgui.ui.profile_actions import WINDOW_FIELDS, Profiles, window_settings
+from qmgui.ui.remote_models import RemoteModels, is_remote
 from qmgui.ui.run_sets_menu import ModelActions, RunSetsMenu
 from qmgui.ui.settings_watch import SettingsWatch
 from qmgui.ui.tray import CloseDecision, QuitChoice, RunnerEngines, Tray, app_icon
@@ -255,6 +257,7 @@ class MainWindow(QMainWindow):
         self.badger = LatestWins("badges", self)
         self.fitter = LatestWins("fit", self)
         self.offerer = LatestWins("offer", self)  # first run: folders to offer (disk: a worker)
+        self.remote = RemoteModels(self, show_work=self.show_work, end_work=self.end_work)
         self.badge_timer = QTimer(self)
         self.badge_timer.setSingleShot(True)
         self.badge_timer.setInterval(BADGE_DELAY_MS)
@@ -322,11 +325,6 @@ class MainWindow(QMainWindow):
         self.backends_action.setToolTip(
             "The engines qmgui can run, and the ★ default per model class (Ctrl+B)"
         )
-        self.get_models_action = QAction("Get models…", self)
-        self.get_models_action.setShortcut(QKeySequence("Ctrl+Shift+G"))
-        self.get_models_action.setToolTip(
-            "Search Hugging Face, see what fits before downloading, download (Ctrl+Shift+G)"
-        )
         self.quit_action = QAction("Quit", self)
         self.quit_action.setShortcut(QKeySequence("Ctrl+Q"))
         self.quit_action.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut)
@@ -334,7 +332,7 @@ class MainWindow(QMainWindow):
         bar.addAction(self.add_action)
         bar.addAction(self.roots_action)
         bar.addAction(self.rescan_action)
-        bar.addAction(self.get_models_action)
+        self._build_get_actions(bar)
         bar.addAction(self.backends_action)
         bar.addAction(self.profiles.paste_action)
         self._build_fleet_actions(bar)
@@ -356,6 +354,33 @@ class MainWindow(QMainWindow):
         bar.addWidget(self.hardware_label)
         self.addToolBar(bar)
         self.filter_shortcut = QShortcut(QKeySequence.StandardKey.Find, self)
+
+    def _build_get_actions(self, bar: QToolBar) -> None:
+        """Get models… and, in its drop-down, Open URL… (both plan before downloading)."""
+        self.get_models_action = QAction("Get models…", self)
+        self.get_models_action.setShortcut(QKeySequence("Ctrl+Shift+G"))
+        self.get_models_action.setToolTip(
+            "Search Hugging Face, see what fits before downloading, download (Ctrl+Shift+G)"
+        )
+        self.open_url_action = QAction("Open URL…", self)
+        self.open_url_action.setShortcut(QKeySequence("Ctrl+L"))
+        self.open_url_action.setToolTip(
+            "Plan a model from its URL before downloading it: only its header is read (Ctrl+L)"
+        )
+        self.addAction(self.open_url_action)
+        bar.addAction(self.get_models_action)
+        self._attach_menu(bar, self.get_models_action, [self.open_url_action])
+
+    @staticmethod
+    def _attach_menu(bar: QToolBar, action: QAction, more: Sequence[QAction]) -> None:
+        """`more` in a drop-down beside `action`'s button (the toolbar keeps its width)."""
+        button = bar.widgetForAction(action)
+        if not isinstance(button, QToolButton):
+            return
+        menu = QMenu(button)
+        menu.addActions(list(more))
+        button.setMenu(menu)
+        button.setPopupMode(QToolButton.ToolButtonPopupMode.MenuButtonPopup)
 
     def _build_fleet_actions(self, bar: QToolBar) -> None:
         """Run sets (toolbar menu), and Start / favourite / pin for the selected model (table
@@ -418,6 +443,9 @@ class MainWindow(QMainWindow):
         self.quit_action.triggered.connect(self._quit)
         self.backends_action.triggered.connect(self.open_backends)
         self.get_models_action.triggered.connect(self.open_get_models)
+        self.open_url_action.triggered.connect(self.remote.ask)
+        self.remote.added.connect(self._on_remote_added)
+        self.remote.busyChanged.connect(self._check_settled)
         self.filter_shortcut.activated.connect(self.focus_filter)
         self.hardware_box.currentTextChanged.connect(self.set_hardware)
         self.drops.dropped.connect(self._on_drop)
@@ -489,7 +517,8 @@ class MainWindow(QMainWindow):
         """Scanned at least once, and no scan, plan or badge work waiting or running."""
         return self._scanned and not (
             self.scanner.busy or self.planner.busy or self.badger.busy or self.fitter.busy
-            or self.offerer.busy or self.replan_timer.isActive() or self.badge_timer.isActive()
+            or self.offerer.busy or self.remote.busy or self.replan_timer.isActive()
+            or self.badge_timer.isActive()
         )  # fmt: skip
 
     def _check_settled(self) -> None:
@@ -734,11 +763,41 @@ class MainWindow(QMainWindow):
         return self._get_models
 
     def _on_downloaded(self, paths: Sequence[str]) -> None:
+        for entry, local in self.remote.downloaded(paths):  # on disk now: the file's row
+            self._carry_profile(entry.id, local)
+            self._pending_select = local
         folders = sorted({os.path.dirname(os.path.abspath(p)) for p in paths})
         before = list(self.roots())
         self.add_roots(folders)  # a new folder is added and scanned; one inside a root is not
         if list(self.roots()) == before:
             self.rescan()
+
+    def _carry_profile(self, url: str, local: str) -> None:
+        """The settings saved for a model's URL become the downloaded file's (unless it has
+        its own already)."""
+        overrides = self.settings.model_overrides
+        if url in overrides and local not in overrides:
+            self._store(
+                self.settings.model_copy(
+                    update={"model_overrides": {**overrides, local: overrides[url]}}
+                )
+            )
+
+    def download_remote(self, entry: ModelEntry) -> None:
+        """Start on a model planned from its URL: download it (the Get models dialog, with
+        progress and Cancel) into the first model folder; the file then replaces the row."""
+        dialog = self.open_get_models()
+        if dialog.download_url(entry.path, entry.name):
+            self.statusBar().showMessage(
+                f"Downloading {entry.name} into {dialog.folder.text()}…", MESSAGE_MS
+            )
+
+    def _on_remote_added(self, entry: object) -> None:
+        assert isinstance(entry, ModelEntry)
+        local = [e for e in self.table.model.entries if not is_remote(e)]
+        self._show_entries([*local, *self.remote.entries])
+        self.table.select_id(entry.id)
+        self.badge_timer.start()
 
     def choose_folder(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Add a folder of models")
@@ -777,15 +836,7 @@ class MainWindow(QMainWindow):
         for problem in result.problems:
             notify.warning(f"{problem.path}: {problem.reason}", source="scan")
         keep = self.table.current_entry()
-        self.table.model.set_entries(result.models)
-        n = len(result.models)
-        broken = sum(1 for m in result.models if m.error)
-        self.count_label.setText(
-            f"{n} model{'s' if n != 1 else ''}" + (f", {broken} broken" if broken else "")
-        )
-        self.pages.setCurrentIndex(PAGE_MODELS if n else PAGE_EMPTY)
-        if n:
-            self._default_splits()
+        n = self._show_entries([*result.models, *self.remote.entries])
         roots = self.roots()
         self.empty.set_status(
             "Looked in: " + ", ".join(roots) if roots else "No folders configured yet."
@@ -805,6 +856,22 @@ class MainWindow(QMainWindow):
             self.table.view.selectRow(0)
             self.table.view.setCurrentIndex(self.table.proxy.index(0, 0))
         self._check_settled()
+
+    def _show_entries(self, entries: Sequence[ModelEntry]) -> int:
+        """Put `entries` (scanned, and the remote ones) in the table; their count."""
+        self.table.model.set_entries(entries)
+        n = len(entries)
+        broken = sum(1 for m in entries if m.error)
+        remote = sum(1 for m in entries if is_remote(m))
+        self.count_label.setText(
+            f"{n} model{'s' if n != 1 else ''}"
+            + (f", {broken} broken" if broken else "")
+            + (f", {remote} remote" if remote else "")
+        )
+        self.pages.setCurrentIndex(PAGE_MODELS if n else PAGE_EMPTY)
+        if n:
+            self._default_splits()
+        return n
 
     # --- hardware ---------------------------------------------------------------------------
     def set_hardware(self, choice: str) -> None:
@@ -1093,6 +1160,10 @@ class MainWindow(QMainWindow):
                 f"{current.name} is running already: its engine is selected below", MESSAGE_MS
             )
             return running
+        if is_remote(current):
+            assert current is not None
+            self.download_remote(current)
+            return None
         if o is None or current is None or o.entry.id != current.id or not o.command.runnable:
             return None
         if o.missing is not None:  # nothing to start: say what to install
@@ -1115,6 +1186,15 @@ class MainWindow(QMainWindow):
         if current is not None and running is not None:
             b.setText("Show engine")
             b.setToolTip(f"{current.name} runs already: show its engine in the Engines panel")
+            b.setEnabled(True)
+            return
+        if is_remote(current):
+            assert current is not None
+            b.setText("Download…")
+            b.setToolTip(
+                f"{current.name} is not on this machine: download it into a model folder "
+                "(progress and Cancel in Get models); it then starts like any other"
+            )
             b.setEnabled(True)
             return
         b.setText("Start")
@@ -1270,6 +1350,7 @@ class MainWindow(QMainWindow):
         for worker in (self.planner, self.badger, self.fitter, self.offerer):
             worker.cancel()
             worker.wait()
+        self.remote.wait()
         self.engines_panel.timer.stop()
         if self._get_models is not None:
             self._get_models.wait()  # a download stops at its next chunk (resumable)

@@ -80,6 +80,8 @@ def _name(e: ModelEntry) -> str:
         name += f" [{len(e.shards)} shards]"
     if e.mmproj and "mmproj]" not in name:
         name += " [+mmproj]"
+    if e.source == "url":  # planned from its header over HTTP; not on disk
+        name += " [remote]"
     return name
 
 
@@ -248,6 +250,8 @@ class ModelTableModel(QAbstractTableModel):
             text = self._display(e, key)  # elided when the table is narrow: shown whole here
             return text or None
         parts = [e.path]
+        if e.source == "url":
+            parts.append("Not downloaded: planned from its header. Start downloads it.")
         if len(e.shards) > 1:
             parts.append(f"{len(e.shards)} shards")
         if e.mmproj:

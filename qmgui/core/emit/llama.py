@@ -46,6 +46,8 @@ DEFAULT_CACHE_TYPE = "f16"  # llama-server's -ctk / -ctv default
 
 # --- flags (common/arg.cpp of llama.cpp; preferred spelling first) -------------------------------
 F_MODEL = Flag("model", (("-m",), ("--model",)))
+# a model planned from its URL (not downloaded): the engine fetches it itself
+F_MODEL_URL = Flag("model-url", (("-mu",), ("--model-url",)))
 F_MMPROJ = Flag(
     "mmproj", (("--mmproj",), ("-mm",)), aliases=("--no-mmproj", "-mmu", "--mmproj-url")
 )
@@ -97,6 +99,7 @@ F_VERBOSITY = Flag(
 )
 TABLE = (
     F_MODEL,
+    F_MODEL_URL,
     F_MMPROJ,
     F_CTX,
     F_PARALLEL,
@@ -226,7 +229,8 @@ def llama_options(
 
     `device_flag_only`: pin GPUs with `--device` or not at all (a preset cannot set a
     per-model environment)."""
-    opts = [Option(F_MODEL, model.shards[0] if model.shards else model.path)]
+    where = model.shards[0] if model.shards else model.path
+    opts = [Option(F_MODEL_URL if model.source == "url" else F_MODEL, where)]
     if model.mmproj:
         opts.append(Option(F_MMPROJ, model.mmproj))
     opts += _settings_options(model, settings)
