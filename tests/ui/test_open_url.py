@@ -51,7 +51,7 @@ def test_open_url_plans_the_remote_model_and_start_downloads_it(  # type: ignore
     assert w.start_button.text() == "Download…" and w.start_button.isEnabled()
     # a setting saved for the URL goes with the download
     overrides = {**w.settings.model_overrides, url: ModelOverride(ctx_size=2048)}
-    w._store(w.settings.model_copy(update={"model_overrides": overrides}))  # noqa: SLF001
+    w._store(w.settings.model_copy(update={"model_overrides": overrides}))
 
     w.start_button.click()  # downloads into the first model folder
     local = str(root / "far-llama.gguf")
