@@ -39,6 +39,7 @@ import contextlib
 import json
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from types import FrameType
@@ -336,15 +337,24 @@ def _failed(sup: Supervisor) -> int:
     return EXIT_FAILED
 
 
-def serve_until_stopped(sup: Supervisor, on_ready: Callable[[], None]) -> int:
+def serve_until_stopped(
+    sup: Supervisor,
+    on_ready: Callable[[], None],
+    every: Callable[[], None] | None = None,
+    every_s: float = 2.0,
+) -> int:
     """Start, call `on_ready` once it serves, and serve until a stop signal (exit 0) or until
-    it fails (exit 1, with its message); whatever happens, it is stopped on the way out."""
+    it fails (exit 1, with its message); whatever happens, it is stopped on the way out.
+    `every` is called every `every_s` seconds while it serves (a router follows the profiles)."""
     with _stop_signals() as stop:
         try:
             if _start_until_ready(sup, stop):
                 on_ready()
+                next_at = time.monotonic() + every_s
                 while not stop.wait(0.2) and not sup.state.final:
-                    pass
+                    if every is not None and time.monotonic() >= next_at:
+                        every()
+                        next_at = time.monotonic() + every_s
             if sup.state.final and not stop.is_set():
                 return _failed(sup)
             notify.info(str(sup.stop()), source=SOURCE)

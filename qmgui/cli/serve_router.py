@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TextIO
 
@@ -43,7 +44,14 @@ from qmgui.engines.supervisor import Supervisor
 from qmgui.hw.host import read_ram
 from qmgui.service.exposure import exposure
 from qmgui.service.launch import Resolver, UsageError, load_quietly
-from qmgui.service.router import RouterPlan, plan_router, router_spec, write_preset
+from qmgui.service.router import (
+    RouterPlan,
+    plan_router,
+    refresh_preset,
+    router_spec,
+    write_preset,
+)
+from qmgui.settings import settings_path
 
 
 def _entries(args: argparse.Namespace) -> list[ModelEntry] | int:
@@ -110,7 +118,43 @@ def cmd_serve_router(args: argparse.Namespace, out: TextIO) -> int:
     _list_survivors(registry)
     become_subreaper()
     sup = Supervisor(spec, registry=registry, model_id=plan.router_id)
-    return serve_until_stopped(sup, lambda: _report_ready(sup, plan, out))
+    follow = _ProfileFollower(resolver, lambda r: plan_router(
+        entries, r, req, host_bytes=read_ram()[1], max_models=args.models_max
+    ), sup)  # fmt: skip
+    return serve_until_stopped(sup, lambda: _report_ready(sup, plan, out), every=follow)
+
+
+class _ProfileFollower:
+    """While the router serves: when the settings file changes (a profile saved by the
+    window or `qmgui plan … --save`), plan the preset again and bring it to the router."""
+
+    def __init__(
+        self, resolver: Resolver, replan: Callable[[Resolver], RouterPlan], sup: Supervisor
+    ) -> None:
+        self._resolver, self._replan, self._sup = resolver, replan, sup
+        self._path = resolver.loaded.path or settings_path()
+        self._stamp = self._read_stamp()
+
+    def _read_stamp(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self._path) if self._path is not None else None
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size) if st is not None else None
+
+    def __call__(self) -> None:
+        stamp = self._read_stamp()
+        if stamp == self._stamp:
+            return
+        self._stamp = stamp
+        try:
+            self._resolver.loaded = load_quietly()
+            said = refresh_preset(self._replan(self._resolver), self._sup.url, self._sup.spec.argv)
+        except (UsageError, EmitError, SizingError, SettingsError, OSError) as e:
+            notify.warning(f"the preset was not updated: {e}", source=SOURCE)
+            return
+        if said:
+            notify.info(said, source=SOURCE)
 
 
 def _report_ready(sup: Supervisor, plan: RouterPlan, out: TextIO) -> None:

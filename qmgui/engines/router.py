@@ -23,6 +23,7 @@ import psutil
 from qmgui.core.readback import parse_llama_log
 
 MODELS_PATH = "/models"
+RELOAD_QUERY = "?reload=1"  # the router reads its preset file again (llama.cpp b7xxx on)
 ROUTER_FLAG = "--models-preset"
 TIMEOUT_S = 2.0
 
@@ -114,3 +115,16 @@ def read_router(
             )
         )
     return RouterReading(tuple(models))
+
+
+def reload_presets(url: str, *, timeout_s: float = 10.0) -> bool:
+    """Have the router at `url` read its preset file again (`GET /models?reload=1`): a loaded
+    model whose section changed is unloaded, and loads with its new arguments at its next
+    request. False when the router did not answer (an older build without reloads answers
+    the list and ignores the query: the new preset is read at its next start)."""
+    try:
+        with urllib.request.urlopen(url + MODELS_PATH + RELOAD_QUERY, timeout=timeout_s) as r:
+            r.read(1 << 20)
+    except (OSError, ValueError, urllib.error.URLError):
+        return False
+    return True

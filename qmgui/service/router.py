@@ -109,6 +109,9 @@ def plan_router(
         if entry.meta is None:
             warnings.append(f"{entry.name}: left out: {entry.error or 'not a model'}")
             continue
+        if entry.source == "url":
+            warnings.append(f"{entry.name}: left out: not downloaded yet (Start downloads it)")
+            continue
         target = resolver.target(entry)
         if isinstance(target, str):
             warnings.append(f"{entry.name}: left out: {target}")
@@ -188,6 +191,31 @@ def write_preset(plan: RouterPlan) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+def refresh_preset(plan: RouterPlan, url: str | None, argv: Sequence[str] = ()) -> str:
+    """Bring a running router (at `url`, started with `argv`) to `plan`: the preset written
+    when it differs from its file, and read again by the router (`GET /models?reload=1`: a
+    loaded model whose section changed is unloaded and loads with its new arguments at its
+    next request). What happened, in words; "" when the preset is unchanged."""
+    from qmgui.engines.router import reload_presets  # noqa: PLC0415 - HTTP, for a refresh only
+
+    path = preset_path(plan)
+    with contextlib.suppress(OSError):
+        if path.read_text(encoding="utf-8") == plan.preset:
+            return ""
+    write_preset(plan)
+    if url is None or not reload_presets(url):
+        return f"{plan.name}: preset written; the router reads it when restarted"
+    args = list(argv)
+    at = args.index("--models-max") + 1 if "--models-max" in args[:-1] else None
+    more = ""
+    if at is not None and args[at] != str(plan.models_max):
+        more = f"; --models-max {plan.models_max} applies after a restart"
+    return (
+        f"{plan.name}: preset updated; a loaded model whose settings changed loads again "
+        f"with them at its next request{more}"
+    )
 
 
 def router_spec(

@@ -28,10 +28,10 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtCore import QObject, Qt, QTimer, Signal
 
 from qmgui import notify
 from qmgui.core.discovery import ModelEntry
@@ -47,13 +47,20 @@ from qmgui.engines.router import RouterReading, is_router
 from qmgui.engines.runner import become_subreaper
 from qmgui.engines.supervisor import EngineSpec, State, Supervisor
 from qmgui.service.launch import Request, Resolver, engine_spec
-from qmgui.service.router import plan_router, router_id, router_spec, write_preset
+from qmgui.service.router import (
+    plan_router,
+    refresh_preset,
+    router_id,
+    router_spec,
+    write_preset,
+)
 from qmgui.ui.planning import PlanOutcome
 
 SOURCE = "engines"
 STOP_GRACE_S = 5.0
 LATE_MEMORY_S = 5.0  # how long the buffer lines may trail the health endpoint in the log file
 JOIN_S = 30.0
+REFRESH_DELAY_MS = 800  # a burst of profile edits is one preset write
 
 
 def spec_for(outcome: PlanOutcome, resolver: Resolver, port: int | None = None) -> EngineSpec:
@@ -117,6 +124,8 @@ class Engine:
     # to build its spec again (the preset regenerated from the profiles as they are then)
     router: RouterReading | None = None
     replan: Callable[[], EngineSpec] | None = None
+    members: frozenset[str] = frozenset()  # a router's model ids (their profiles feed it)
+    refresh: Callable[[], str] | None = None  # a router: write its preset again, say what did
 
     @property
     def label(self) -> str:
@@ -209,6 +218,11 @@ class EngineRunner(QObject):
         # its own settings path); None: chosen and saved on the worker (`port_for_start`)
         self.port_for: Callable[[ModelEntry], int] | None = None
         self.port_for_id: Callable[[str], int] | None = None  # the same, by id (a router)
+        self._changed_ids: set[str] = set()
+        self._refresh_timer = QTimer(self)
+        self._refresh_timer.setSingleShot(True)
+        self._refresh_timer.setInterval(REFRESH_DELAY_MS)
+        self._refresh_timer.timeout.connect(self._refresh_routers)
         self._state.connect(self._on_state, Qt.ConnectionType.QueuedConnection)
         self._found.connect(self._adopt, Qt.ConnectionType.QueuedConnection)
 
@@ -250,6 +264,7 @@ class EngineRunner(QObject):
         self._next += 1
         rid = router_id(entries)
         engine = Engine(eid, "router", None, None, busy=True, model_id=rid)
+        engine.members = frozenset(e.id for e in entries)
         self.engines[eid] = engine
         self.added.emit(eid)
         port: list[int] = [self.port_for_id(rid)] if self.port_for_id is not None else []
@@ -267,6 +282,15 @@ class EngineRunner(QObject):
 
         engine.replan = replan
 
+        def refresh() -> str:
+            """The preset from the profiles as they are now, brought to the running router
+            when it changed; what happened, in words ("" if nothing)."""
+            plan = plan_router(entries, resolver(), req, host_bytes=host_bytes)
+            argv = engine.spec.argv if engine.spec is not None else ()
+            return refresh_preset(plan, engine.url, argv)
+
+        engine.refresh = refresh
+
         def run() -> None:
             try:
                 engine.spec = replan()
@@ -280,6 +304,32 @@ class EngineRunner(QObject):
 
         self._spawn(f"router-{eid}", run)
         return eid
+
+    def profiles_changed(self, model_ids: Iterable[str]) -> None:
+        """Profiles of these models changed: each running router serving one of them gets
+        its preset written again (after a short pause, so a burst of edits is one write)."""
+        self._changed_ids |= set(model_ids)
+        self._refresh_timer.start()
+
+    def _refresh_routers(self) -> None:
+        ids, self._changed_ids = self._changed_ids, set()
+        for engine in self.engines.values():
+            refresh = engine.refresh
+            if refresh is None or engine.busy or engine.state != State.READY:
+                continue
+            if not engine.members & ids:
+                continue
+
+            def run(refresh: Callable[[], str] = refresh, name: str = engine.name) -> None:
+                try:
+                    said = refresh()
+                except Exception as e:  # a preset that cannot be planned is a message
+                    notify.warning(f"{name}: preset not updated: {e}", source=SOURCE)
+                    return
+                if said:
+                    notify.info(said, source=SOURCE)
+
+            self._spawn(f"refresh-{engine.id}", run)
 
     def stop(self, eid: int) -> None:
         claimed = self._claim_for_stop(eid)

@@ -640,8 +640,13 @@ class MainWindow(QMainWindow):
         self._adopt(settings)
 
     def _set_settings(self, settings: Settings) -> None:
+        before = self._loaded.settings.model_overrides
         self._loaded = replace(self._loaded, settings=settings)
         self._resolver.loaded = self._loaded
+        after = settings.model_overrides
+        changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+        if changed:  # a running router serving one of them writes its preset again
+            self.engine_runner.profiles_changed(changed)
 
     def _on_settings_file_changed(self, settings: object) -> None:
         """Another process changed the file: take its settings (the file loads cleanly now,

@@ -184,6 +184,50 @@ def test_router_over_three_models(registry: RunRegistry, models: list[Path], lla
             proc.wait(10)
 
 
+def test_a_serving_router_follows_a_saved_profile(
+    registry: RunRegistry, models: list[Path], llama: str
+) -> None:
+    """`qmgui plan MODEL -np 2 --save` while `qmgui serve --router` serves it: the preset is
+    written again and read by the router; the loaded model unloads and its next request
+    loads it with two slots."""
+    from qmgui.cli import main
+
+    proc = subprocess.Popen(
+        _argv(models[:2]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=_env(llama), cwd=ROOT,
+    )  # fmt: skip
+    try:
+        url = read_ready(proc)
+        [entry] = registry.running()
+        preset = Path(entry.argv[entry.argv.index("--models-preset") + 1])
+        assert "parallel = 2" not in preset.read_text()
+        chat(url, "tiny-a")
+        assert loaded(url) == {"tiny-a"}
+        out, err = io.StringIO(), io.StringIO()
+        assert main(["plan", str(models[0]), "-np", "2", "--save"], out=out, err=err) in (0, 1)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and (
+            "parallel = 2" not in preset.read_text() or "tiny-a" in loaded(url)
+        ):
+            time.sleep(0.2)
+        text = preset.read_text()
+        section = text[text.index("[tiny-a]") : text.index("[tiny-b]")]
+        assert "parallel = 2" in section and "parallel = 2" not in text[text.index("[tiny-b]") :]
+        assert "tiny-a" not in loaded(url)
+        chat(url, "tiny-a")  # loads again, with its new arguments
+        children = psutil.Process(entry.pid).children()
+        argv = [" ".join(c.cmdline()) for c in children]
+        assert any("tiny-a" in a and "--parallel 2" in a for a in argv), argv
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+        assert proc.stderr is not None
+        assert "preset updated" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
 def test_a_detached_router_is_adopted_and_stopped_with_its_models(
     registry: RunRegistry, models: list[Path], llama: str
 ) -> None:

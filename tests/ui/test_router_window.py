@@ -133,3 +133,46 @@ def test_serve_a_run_set_through_one_endpoint(  # type: ignore[no-untyped-def]
     finally:
         w.engine_runner.stop_all()
     assert not w.engine_runner.running()
+
+
+def test_a_changed_profile_reaches_the_running_router(  # type: ignore[no-untyped-def]
+    qtbot, make_window, two_models: Path
+) -> None:
+    """A profile saved while the router serves its model: the preset is written again and the
+    router reads it (`GET /models?reload=1`); the loaded model is unloaded and its next
+    request loads it with the new context."""
+    from qmgui.service.router import ROUTER_DIR
+    from qmgui.settings import ModelOverride
+
+    w: MainWindow = make_window([str(two_models)])
+    settle(qtbot, w)
+    ids = [entry_for_path(str(two_models / f"{n}.gguf")).id for n in ("tiny-one", "tiny-two")]
+    eid = w.fleet.serve_router(ids)
+    assert eid is not None
+    engine = w.engine_runner.engines[eid]
+    try:
+        qtbot.waitUntil(lambda: engine.state == State.READY or engine.state.final, timeout=READY_MS)
+        assert engine.state == State.READY and engine.url is not None
+        url = engine.url
+        assert "content" in complete(url, "tiny-one")
+        (preset,) = (two_models.parent / "state" / ROUTER_DIR).glob("*.ini")
+        before = preset.read_text()
+        assert "ctx-size = 1536" not in before
+
+        def status(name: str) -> str:
+            (item,) = [m for m in post(url, "/models")["data"] if m["id"] == name]
+            return str(item["status"]["value"])
+
+        assert status("tiny-one") == "loaded"
+        overrides = {**w.settings.model_overrides, ids[0]: ModelOverride(ctx_size=1536)}
+        w._store(w.settings.model_copy(update={"model_overrides": overrides}))
+        qtbot.waitUntil(lambda: "ctx-size = 1536" in preset.read_text(), timeout=10_000)
+        qtbot.waitUntil(lambda: status("tiny-one") != "loaded", timeout=30_000)
+        assert status("tiny-two") == "unloaded"  # never loaded; its section is unchanged
+        assert "content" in complete(url, "tiny-one")  # loads again, with the new context
+        sup = engine.supervisor
+        assert sup is not None and sup.pid is not None
+        argv = [" ".join(c.cmdline()) for c in psutil.Process(sup.pid).children()]
+        assert any("tiny-one" in a and "1536" in a for a in argv), argv
+    finally:
+        w.engine_runner.stop_all()
