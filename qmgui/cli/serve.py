@@ -41,7 +41,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from types import FrameType
 from typing import Any, TextIO
 
@@ -59,9 +58,9 @@ from qmgui.engines.model_ports import port_for_start
 from qmgui.engines.registry import RunRegistry
 from qmgui.engines.residuals import ResidualStore, engine_pids, readback
 from qmgui.engines.runner import become_subreaper
-from qmgui.engines.supervisor import EngineSpec, State, Supervisor, flag_value
+from qmgui.engines.supervisor import EngineSpec, State, Supervisor
 from qmgui.hw.nvml import read_nvml
-from qmgui.service.exposure import exposure
+from qmgui.service.exposure import expose_spec
 from qmgui.service.launch import Request, UsageError, emit_model, engine_spec
 
 EXIT_OK = 0
@@ -283,18 +282,15 @@ def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:
         return prepared
     spec, entry, req = prepared
     # `--host`, or a `--host` in the extra arguments: beyond loopback, an API key
-    host = args.host if args.host is not None else flag_value(spec.argv, "--host")
-    if host is not None:
-        try:
-            exposed = exposure(host, spec.argv)
-        except SettingsError as e:
-            notify.error(str(e), source=SOURCE)
-            return EXIT_FAILED
-        if exposed.warning:
-            notify.warning(exposed.warning, source=SOURCE)
-        if exposed.new_key:  # on stderr: `ready URL` stays the first line of stdout
-            notify.info(f"API key (shown once): {exposed.new_key}", source=SOURCE)
-        spec = replace(spec, argv=(*spec.argv, *exposed.extra), host=host)
+    try:
+        spec, exposed = expose_spec(spec, args.host)
+    except SettingsError as e:
+        notify.error(str(e), source=SOURCE)
+        return EXIT_FAILED
+    if exposed is not None and exposed.warning:
+        notify.warning(exposed.warning, source=SOURCE)
+    if exposed is not None and exposed.new_key:  # on stderr: `ready URL` stays first on stdout
+        notify.info(f"API key (shown once): {exposed.new_key}", source=SOURCE)
     registry = RunRegistry()
     if args.detach:
         sup = Supervisor(spec, registry=registry, detached=True, model_id=entry.id)

@@ -629,12 +629,13 @@ class Supervisor:
         if self._warned_network or not reachable_from_network(host):
             return
         self._warned_network = True
+        if any(t.split("=", 1)[0] in ("--api-key", "--api-key-file") for t in self.spec.argv):
+            return  # a key: whoever gave it (qmgui.service.exposure) said where it listens
         where = "every address of this computer" if connect_host(host) != host else host
-        key = any(t.split("=", 1)[0] in ("--api-key", "--api-key-file") for t in self.spec.argv)
         (self._notifier or notify.notifier).warning(
             f"{self.spec.name} listens on {printable(host)} port {port} ({where}): it is "
-            "reachable from the network, not only from this computer"
-            + ("." if key else "; anyone who can reach it can use it (--api-key sets a key)."),
+            "reachable from the network, not only from this computer; anyone who can reach "
+            "it can use it (--api-key sets a key).",
             source=_SOURCE,
         )
 

@@ -13,13 +13,14 @@ import contextlib
 import os
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from qmgui.config_paths import config_dir
 from qmgui.core.errors import SettingsError
 from qmgui.core.textsafe import printable
 from qmgui.engines.ports import reachable_from_network
+from qmgui.engines.supervisor import EngineSpec, flag_value
 
 KEY_FILE = "api-key"
 KEY_MODE = 0o600
@@ -82,3 +83,17 @@ def exposure(host: str, argv: Sequence[str] = ()) -> Exposure:
         + ")"
     )
     return Exposure(host, extra, warning, new_key)
+
+
+def expose_spec(spec: EngineSpec, host: str | None = None) -> tuple[EngineSpec, Exposure | None]:
+    """`spec` made safe for the host it listens on (`host`, else a `--host` in its arguments,
+    the last one as the engine reads it): beyond loopback, with the API key's arguments and
+    the host set. None when it listens on loopback only. SettingsError as `exposure`."""
+    if host is None:
+        host = flag_value(spec.argv, "--host")
+    if host is None:
+        return spec, None
+    exposed = exposure(host, spec.argv)
+    if exposed.warning is None:
+        return replace(spec, host=host), None
+    return replace(spec, argv=(*spec.argv, *exposed.extra), host=host), exposed

@@ -46,6 +46,7 @@ from qmgui.engines.residuals import readback
 from qmgui.engines.router import RouterReading, is_router
 from qmgui.engines.runner import become_subreaper
 from qmgui.engines.supervisor import EngineSpec, State, Supervisor
+from qmgui.service.exposure import expose_spec, key_path
 from qmgui.service.launch import Request, Resolver, engine_spec
 from qmgui.service.router import (
     plan_router,
@@ -77,7 +78,15 @@ def spec_for(outcome: PlanOutcome, resolver: Resolver, port: int | None = None) 
     if port is None:
         loaded = resolver.loaded
         port = port_for_start(outcome.entry.id, loaded.settings, path=loaded.path)
-    return engine_spec(command, target.kind, outcome.entry, port=port)
+    spec = engine_spec(command, target.kind, outcome.entry, port=port)
+    # a `--host` beyond loopback in the model's arguments: an API key, as `qmgui serve` gives
+    spec, exposed = expose_spec(spec)
+    if exposed is not None and exposed.warning:
+        notify.warning(exposed.warning, source=SOURCE)
+    if exposed is not None and exposed.new_key:
+        notify.warning(f"API key (shown once, kept in {key_path()}): {exposed.new_key}",
+                       source=SOURCE)  # fmt: skip
+    return spec
 
 
 @dataclass(frozen=True)

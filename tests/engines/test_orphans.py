@@ -262,8 +262,10 @@ def test_host_override_is_honoured_with_a_warning(
     s.proc.send_signal(signal.SIGTERM)
     _, err = s.proc.communicate(timeout=20)
     assert s.proc.returncode == 0, err
-    assert f"listens on 0.0.0.0 port {port}" in err
-    assert "reachable from the network" in err
+    # said once, before it listens, with where the API key it was given is kept
+    assert err.count("reachable from the network") == 1, err
+    assert "listening on 0.0.0.0: reachable from the network" in err
+    assert "api-key" in err
 
 
 def test_the_supervisor_ends_a_wrappers_engine_when_the_wrapper_dies(tmp_path: Path) -> None:

@@ -203,3 +203,44 @@ def test_start_on_a_taken_port_names_the_holder(  # type: ignore[no-untyped-def]
         assert sup is not None and sup.pid is None and sup.outcome is not None
         assert f"port {port}" in sup.outcome.message
         assert f"pid {os.getpid()}" in sup.outcome.message and "--port " in sup.outcome.message
+
+
+def test_a_host_beyond_loopback_gets_an_api_key(  # type: ignore[no-untyped-def]
+    qtbot, make_window, one_model: Path, llama_on_path: str
+) -> None:
+    """`--host 0.0.0.0` in the model's arguments: Start gives the engine the API key (made
+    once, 0600, shown once) and says where it listens, once; a request without the key is
+    refused."""
+    import stat
+    import urllib.error
+
+    from qmgui import notify
+    from qmgui.service.exposure import key_path
+
+    w = ready_window(qtbot, make_window, one_model)
+    w.plan_panel.extra_args_edit.setText("--host 0.0.0.0")
+    w._schedule_plan()
+    settle(qtbot, w)
+    eid = w.start_engine()
+    assert eid is not None
+    engine = w.engine_runner.engines[eid]
+    try:
+        qtbot.waitUntil(lambda: engine.state == State.READY or engine.state.final, timeout=READY_MS)
+        sup = engine.supervisor
+        assert sup is not None and engine.state == State.READY, sup.outcome if sup else None
+        argv = sup.argv or ()
+        assert argv[argv.index("--api-key-file") + 1] == str(key_path())
+        assert stat.S_IMODE(key_path().stat().st_mode) == 0o600
+        key = key_path().read_text().strip()
+        texts = [m.text for m in notify.notifier.history]
+        assert sum("reachable from the network" in t for t in texts) == 1
+        assert any(key in t and "shown once" in t for t in texts)
+        body = b'{"prompt": "hi", "n_predict": 1}'
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{sup.url}/completion", data=body, timeout=30)
+        assert refused.value.code == 401
+        req = urllib.request.Request(f"{sup.url}/props", headers={"Authorization": f"Bearer {key}"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.status == 200
+    finally:
+        w.engine_runner.stop_all()
