@@ -111,6 +111,17 @@ def main() -> int:
             r = subprocess.run(cmd, env=env, cwd=ROOT, check=False, timeout=300)
             print(("ok  " if r.returncode == 0 else "FAILED ") + name, flush=True)
             failed += r.returncode != 0
+        # the pictures of live work (a router, a remote plan, Get models): driven in-process
+        live = [sys.executable, str(ROOT / "scripts" / "guide_shots.py"), "--out", str(a.out)]
+        for name in a.only or ():
+            stem = name.removesuffix(".png")
+            if stem in ("endpoint-and-speed", "open-url", "get-models"):
+                live += ["--only", stem]
+        if not a.only or "--only" in live:
+            env["QMGUI_STATE_DIR"] = str(Path(tmp) / "state")
+            env["QMGUI_LOG_DIR"] = str(Path(tmp) / "logs")
+            r = subprocess.run(live, env=env, cwd=ROOT, check=False, timeout=900)
+            failed += r.returncode != 0
     return 1 if failed else 0
 
 

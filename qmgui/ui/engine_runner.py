@@ -143,7 +143,10 @@ class Engine:
         if reading is None or not reading.models:
             return self.name
         loaded = [m.name for m in reading.loaded]
-        return f"{self.name}: loaded {', '.join(loaded) if loaded else 'none'}"
+        n = len(reading.models)
+        return f"router of {n} model{'s' if n != 1 else ''}: loaded " + (
+            ", ".join(loaded) if loaded else "none"
+        )
 
     @property
     def is_router(self) -> bool:

@@ -39,6 +39,7 @@ REFRESH_MS = 500
 LOG_LINES = 400  # the log view shows at most the last this many lines of the ring buffer
 COLUMNS = ("Model", "State", "URL", "Uptime", "Memory (planned / actual)", "Speed")
 COL_MODEL, COL_STATE, COL_URL, COL_UPTIME, COL_MEMORY, COL_SPEED = range(len(COLUMNS))
+MODEL_COLUMN_PX = 190
 METRICS_EVERY = 4  # refreshes between two /metrics readings (2 s)
 
 
@@ -131,8 +132,8 @@ class EnginesPanel(QWidget):
         self.split = QSplitter(Qt.Orientation.Horizontal, self)
         self.split.addWidget(self.table)
         self.split.addWidget(self.log)
-        self.split.setStretchFactor(0, 1)
-        self.split.setStretchFactor(1, 1)
+        self.split.setStretchFactor(0, 3)  # the table's columns first, then the log
+        self.split.setStretchFactor(1, 2)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 4, 8, 4)
         layout.addLayout(top)
@@ -171,6 +172,10 @@ class EnginesPanel(QWidget):
         table.verticalHeader().hide()
         header = table.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        # a long name (a router's models) is elided, whole in its tooltip: the columns after
+        # it (memory, speed) stay in view
+        header.setSectionResizeMode(COL_MODEL, QHeaderView.ResizeMode.Interactive)
+        table.setColumnWidth(COL_MODEL, MODEL_COLUMN_PX)
         header.setStretchLastSection(True)
         header.setTextElideMode(Qt.TextElideMode.ElideRight)  # a narrow dock: "Memory (pl…"
         return table
@@ -253,8 +258,10 @@ class EnginesPanel(QWidget):
         if state_item is not None and state_item.toolTip() != tip:
             state_item.setToolTip(tip)
         model_item = self.table.item(row, COL_MODEL)
-        if engine.is_router and model_item is not None:
-            model_item.setToolTip(router_tip(engine))
+        if model_item is not None:
+            tip = router_tip(engine) if engine.is_router else engine.label
+            if model_item.toolTip() != tip:
+                model_item.setToolTip(tip)
 
     def refresh(self) -> None:
         """The timer: uptimes, states and the selected engine's log tail (all cheap reads)."""

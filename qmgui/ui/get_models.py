@@ -35,6 +35,8 @@ from PySide6.QtWidgets import (
 from qmgui import notify
 from qmgui.core.textsafe import printable
 from qmgui.core.units import format_bytes
+from qmgui.ui.model_table import BADGE_COLOURS
+from qmgui.ui.planning import Badge
 from qmgui.ui.workers import LatestWins
 
 ROLE = Qt.ItemDataRole.UserRole
@@ -258,6 +260,8 @@ class GetModelsDialog(QDialog):
                 files += f" + {extra.path.rsplit('/', 1)[-1]}"
             item = QTreeWidgetItem([m.quant or "-", format_bytes(m.size), fit, printable(files)])
             item.setData(0, ROLE, m)
+            if f.fits is not None:  # the table's badge colours
+                item.setForeground(2, BADGE_COLOURS[Badge.FITS if f.fits else Badge.NO_FIT])
             if f.note:
                 item.setToolTip(2, printable(f.note))
             self.models.addTopLevelItem(item)

@@ -1029,7 +1029,7 @@ class MainWindow(QMainWindow):
             shown=(outcome.shown_bash, outcome.shown_powershell),
         )  # fmt: skip
         self._sync_start_button()
-        self._fit_detail_split()
+        QTimer.singleShot(0, self._fit_detail_split)  # once the new rows are laid out
         self._start_if_asked(outcome)
 
     def _show_measured(self, outcome: PlanOutcome) -> None:
