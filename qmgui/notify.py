@@ -13,15 +13,18 @@ Tests get a fresh notifier with ``Notifier()``, or reset the module-level one wi
 from __future__ import annotations
 
 import itertools
-import logging
 import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from qmgui.core.textsafe import printable
+
+if TYPE_CHECKING:
+    import logging
 
 __all__ = [
     "HISTORY_SIZE",
@@ -38,7 +41,26 @@ __all__ = [
 HISTORY_SIZE = 200
 """Messages kept for a log view opened late; older ones are dropped first."""
 
-_log = logging.getLogger(__name__)
+_quiet_fallback = False  # the CLI prints messages itself: no last-resort handler output
+
+
+def _log() -> logging.Logger:
+    """This module's logger; `logging` is imported at the first message (a command that says
+    nothing starts without it)."""
+    import logging  # noqa: PLC0415
+
+    if _quiet_fallback:
+        root = logging.getLogger("qmgui")
+        if not any(isinstance(h, logging.NullHandler) for h in root.handlers):
+            root.addHandler(logging.NullHandler())
+    return logging.getLogger(__name__)
+
+
+def quiet_fallback() -> None:
+    """Keep Python's last-resort logging handler from printing messages a second time (for a
+    program that prints every message itself: the command line)."""
+    global _quiet_fallback  # noqa: PLW0603 - one switch for the process
+    _quiet_fallback = True
 
 
 class Level(Enum):
@@ -49,7 +71,7 @@ class Level(Enum):
     ERROR = "error"
 
 
-_LOG_LEVELS = {Level.INFO: logging.INFO, Level.WARNING: logging.WARNING, Level.ERROR: logging.ERROR}
+_LOG_LEVELS = {Level.INFO: 20, Level.WARNING: 30, Level.ERROR: 40}  # logging.INFO, WARNING, ERROR
 
 
 def _utc_now() -> datetime:
@@ -113,14 +135,14 @@ class Notifier:
         with self._lock:
             self._history.append(message)
             subscribers = list(self._subscribers.values())
-        _log.log(_LOG_LEVELS[message.level], "%s", message)
+        _log().log(_LOG_LEVELS[message.level], "%s", message)
         for callback in subscribers:
             try:
                 callback(message)
             except Exception:
                 # One broken subscriber must neither hide the message from the others nor
                 # turn a warning into a crash of the code that posted it.
-                _log.exception("notifier subscriber %r failed on %r", callback, message.text)
+                _log().exception("notifier subscriber %r failed on %r", callback, message.text)
         return message
 
     def subscribe(self, callback: Subscriber) -> Callable[[], None]:

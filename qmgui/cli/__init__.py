@@ -11,10 +11,9 @@ import argparse
 import contextlib
 import gc
 import importlib
+import importlib.util
 import io
-import logging
 import os
-import pkgutil
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -49,6 +48,8 @@ the window:
 def _command_names() -> list[str]:
     """The modules of this package, in `qmgui --help` order (a command is a module with a
     `register(subparsers)`)."""
+    import pkgutil  # noqa: PLC0415 - a listing for --help, not on a command's path
+
     names = [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")]
     names.sort(key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
     return names
@@ -62,7 +63,13 @@ def _module_for(word: str) -> str | None:
     """The module of the command `word`, or None when it names none."""
     if word in _MODULE_OF:
         return _MODULE_OF[word]
-    return word if word in _command_names() else None
+    if not word.isidentifier() or word.startswith("_"):
+        return None
+    try:  # a lookup of the one module, not a listing of the package (a `plan` starts faster)
+        spec = importlib.util.find_spec(f"{__name__}.{word}")
+    except (ImportError, ValueError):
+        return None
+    return word if spec is not None else None
 
 
 def _command_modules(only: str | None = None) -> list[ModuleType]:
@@ -166,7 +173,7 @@ def main(
         return int(e.code or 0)
     # every message for the user goes through the notifier; the CLI prints them on stderr
     # (and keeps Python's last-resort logging handler from printing them a second time)
-    logging.getLogger("qmgui").addHandler(logging.NullHandler())
+    notify.quiet_fallback()
     unsubscribe = notify.notifier.subscribe(lambda m: print(f"qmgui: {m.text}", file=err))
     try:
         if args.command is None:

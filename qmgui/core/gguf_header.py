@@ -188,7 +188,10 @@ def _scratch(size: int) -> bytearray:
     more in page faults than parsing the header does."""
     buf: bytearray | None = getattr(_local, "buf", None)
     if buf is None or len(buf) < size:
-        buf = bytearray(max(size, _SKIP_WINDOW + _READ_CHUNK))
+        # one read's worth first (one small header: no 9 MiB to fault in); then it grows to
+        # what the headers read on this thread needed, at least doubling
+        grown = max(size, _READ_CHUNK, 2 * len(buf) if buf is not None else 0)
+        buf = bytearray(min(grown, max(size, _SKIP_WINDOW + _READ_CHUNK)))
         _local.buf = buf
     return buf
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -139,6 +140,31 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
+def _binding_installed() -> bool:
+    """Whether pynvml can be imported, without importing it."""
+    import importlib.util  # noqa: PLC0415
+
+    try:
+        return importlib.util.find_spec("pynvml") is not None
+    except (ImportError, ValueError):  # ValueError: sys.modules holds None for it
+        return False
+
+
+def _driver_library_present() -> bool:
+    """Whether NVML's shared library can be loaded, where pynvml loads it on Linux
+    (`libnvidia-ml.so.1`: a dlopen, fractions of a millisecond either way). Elsewhere, and
+    when in doubt, True: pynvml's own search decides."""
+    if not sys.platform.startswith("linux"):
+        return True
+    import ctypes  # noqa: PLC0415 - only for this probe
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False
+    return True
+
+
 def _load(nvml: Any) -> Any:
     if nvml is not None:
         return nvml
@@ -211,7 +237,11 @@ def _read_gpu(nvml: Any, index: int, problems: list[str]) -> GpuReading:
 
 
 def _init_failure(e: Exception) -> NvmlReading:
-    kind = type(e).__name__
+    return _failure(type(e).__name__, e)
+
+
+def _failure(kind: str, e: object) -> NvmlReading:
+    """The reading for a failure of `kind` (pynvml's exception class name)."""
     if kind in _NO_DRIVER_ERRORS:
         return NvmlReading(
             STATUS_NO_DRIVER,
@@ -235,6 +265,9 @@ def read_nvml(nvml: Any = None) -> NvmlReading:
     be read makes the whole reading an error (a half list would misplace models); a missing
     UUID or process list is only noted in ``problems``.
     """
+    if nvml is None and _binding_installed() and not _driver_library_present():
+        # no driver library: no need to import pynvml (a 5,000-line binding) to hear it
+        return _failure("NVMLError_LibraryNotFound", "libnvidia-ml.so.1 not found")
     nvml = _load(nvml)
     if nvml is None:
         return NvmlReading(

@@ -203,3 +203,24 @@ def test_the_real_library_never_raises() -> None:
         assert all(g.total_bytes > 0 for g in r.gpus)
     else:
         assert nvml.read_gpus() == []
+
+
+def test_without_the_driver_library_pynvml_is_not_imported() -> None:
+    """No libnvidia-ml.so.1 (this CI machine): the reading says "no driver" without importing
+    pynvml, whose import costs more than the rest of `qmgui plan`'s hardware reading."""
+    import ctypes
+    import subprocess
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+        pytest.skip("this machine has the NVIDIA driver's library")
+    except OSError:
+        pass
+    code = (
+        "import sys; from qmgui.hw.nvml import read_nvml; r = read_nvml(); "
+        "print(r.status, 'pynvml' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
+    assert out == [STATUS_NO_DRIVER, "False"]
