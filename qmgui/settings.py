@@ -40,10 +40,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from filelock import FileLock, Timeout
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+if TYPE_CHECKING:
+    from filelock import FileLock
 
 from qmgui.config_paths import (
     APP_NAME,
@@ -646,6 +648,8 @@ def lock_path(path: Path | None = None) -> Path:
 
 
 def _file_lock(lock_file: Path) -> FileLock:
+    from filelock import FileLock  # noqa: PLC0415 - at the first save: not on the start path
+
     key = os.path.abspath(lock_file)
     with _LOCKS_GUARD:
         lock = _LOCKS.get(key)
@@ -655,6 +659,8 @@ def _file_lock(lock_file: Path) -> FileLock:
 
 
 def _acquire(target: Path, timeout_s: float) -> FileLock:
+    from filelock import Timeout  # noqa: PLC0415
+
     lock_file = lock_path(target)
     try:
         lock_file.parent.mkdir(parents=True, exist_ok=True)

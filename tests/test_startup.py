@@ -96,6 +96,24 @@ def test_window_modules_import_no_numpy() -> None:
     assert _among(_loaded(WINDOW_CHECK), NUMPY) == []
 
 
+# what the window needs only after its first paint: the header cache's sqlite3 (the first
+# scan), HTTP (health checks, routers, bench), file locks (the first save, the registry)
+LATER = ("sqlite3", "http.client", "ssl", "urllib.request", "filelock")
+
+START_CHECK = """
+import json, sys
+import qmgui.app
+from qmgui.settings import load_settings
+load_settings()
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_the_window_start_path_leaves_later_work_for_later(tmp_path: Path) -> None:
+    code = f"import os; os.environ['QMGUI_CONFIG_DIR'] = {str(tmp_path)!r}\n" + START_CHECK
+    assert _among(_loaded(code), (*LATER, *NUMPY)) == []
+
+
 def _qmgui(args: list[str], tmp_path: Path, **extra: str) -> subprocess.CompletedProcess[str]:
     """`python -m qmgui ARGS` as a user starts it: a fresh home, no settings, offscreen."""
     home = tmp_path / "home"

@@ -26,7 +26,6 @@ at most `MAX_RESULTS` (the oldest go). An unreadable file is moved aside and rep
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import os
 import shutil
@@ -78,6 +77,8 @@ def _request(url: str, method: str, path: str, body: Any, timeout_s: float) -> t
     parts = urlsplit(url)
     if parts.hostname is None or parts.port is None:
         raise EngineError(f"{url} is not an engine's address")
+    import http.client  # noqa: PLC0415 - when measuring, not at start
+
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
     try:
         payload = None if body is None else json.dumps(body).encode()
@@ -125,6 +126,8 @@ def read_metrics(url: str, timeout_s: float = 1.0) -> dict[str, float] | None:
     parts = urlsplit(url)
     if parts.hostname is None or parts.port is None:
         return None
+    import http.client  # noqa: PLC0415 - when measuring, not at start
+
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
     try:
         conn.request("GET", "/metrics", headers={"Connection": "close"})

@@ -15,8 +15,6 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
-
 from qmgui import notify
 from qmgui.keep_aside import move_aside
 
@@ -54,6 +52,8 @@ class JsonStore:
         """The entries, under both locks, to change in place; written when the block ends
         without an exception (OSError when it cannot be)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        from filelock import FileLock  # noqa: PLC0415 - at the first write, not at start
+
         with self._lock, FileLock(f"{self.path}.lock", timeout=LOCK_TIMEOUT_S):
             entries = self._read()
             yield entries

@@ -33,7 +33,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-import filelock
 import platformdirs
 import psutil
 
@@ -151,6 +150,8 @@ class RunRegistry:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
+        import filelock  # noqa: PLC0415 - at the first registry access, not at start
+
         with self._lock:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)

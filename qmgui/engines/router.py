@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -91,6 +89,8 @@ def read_router(
     """The router's models and, for the loaded ones, their child's memory (`log_text`: the
     router's log, for the buffers; empty on failure)."""
     try:
+        import urllib.request  # noqa: PLC0415 - http at the first reading, not at start
+
         with urllib.request.urlopen(url + MODELS_PATH, timeout=timeout_s) as r:
             data = json.loads(r.read(1 << 20))
         items = data.get("data", []) if isinstance(data, dict) else []
@@ -123,6 +123,8 @@ def reload_presets(url: str, *, timeout_s: float = 10.0) -> bool:
     request. False when the router did not answer (an older build without reloads answers
     the list and ignores the query: the new preset is read at its next start)."""
     try:
+        import urllib.request  # noqa: PLC0415
+
         with urllib.request.urlopen(url + MODELS_PATH + RELOAD_QUERY, timeout=timeout_s) as r:
             r.read(1 << 20)
     except (OSError, ValueError, urllib.error.URLError):

@@ -20,7 +20,6 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Qt, Signal
 
-from qmgui.cache import SqliteHeaderCache
 from qmgui.core.discovery import ScanResult, scan
 
 _log = logging.getLogger(__name__)
@@ -239,5 +238,7 @@ class ScanRunner(QObject):
 
         if not self._use_cache:
             return scan(roots, progress=progress, should_stop=stop.is_set)
+        from qmgui.cache import SqliteHeaderCache  # noqa: PLC0415 - sqlite3 at the first scan
+
         with SqliteHeaderCache() as cache:
             return scan(roots, cache=cache, progress=progress, should_stop=stop.is_set)
