@@ -49,18 +49,27 @@ class _Progress(QObject):
     moved = Signal(object)
 
 
-def _list_repo(repo_id: str, ctx: int) -> tuple[Any, list[Any]]:
-    """The listing of `repo_id` and each model's fit on this machine at `ctx` (worker)."""
-    from qmgui import hub  # noqa: PLC0415
+def this_machine() -> tuple[str, tuple[Any, ...]]:
+    """This machine's GPUs as NVML reads them now (worker), with a label."""
     from qmgui.core.footprint import Gpu  # noqa: PLC0415
     from qmgui.hw.nvml import read_gpus  # noqa: PLC0415
 
-    found = hub.listing(repo_id)
     gpus = tuple(
         Gpu(name=f"GPU{r.index}", total_bytes=r.total_bytes, free_bytes=r.free_bytes)
         for r in read_gpus()
     )
-    return found, hub.fit_models(hub.size_models(found), gpus, ctx, reserve=RESERVE)
+    return "this machine", gpus
+
+
+def _list_repo(
+    repo_id: str, ctx: int, hardware: Callable[[], tuple[str, tuple[Any, ...]]]
+) -> tuple[Any, list[Any], str]:
+    """The listing of `repo_id` and each model's fit on `hardware` at `ctx` (worker)."""
+    from qmgui import hub  # noqa: PLC0415
+
+    found = hub.listing(repo_id)
+    label, gpus = hardware()
+    return found, hub.fit_models(hub.size_models(found), gpus, ctx, reserve=RESERVE), label
 
 
 class GetModelsDialog(QDialog):
@@ -70,8 +79,12 @@ class GetModelsDialog(QDialog):
         *,
         folder: str = "",
         downloaded: Callable[[Sequence[str]], None] | None = None,
+        hardware: Callable[[], tuple[str, tuple[Any, ...]]] = this_machine,
     ) -> None:
         super().__init__(parent)
+        # the window's hardware choice (this machine or a what-if profile): what "fits" means
+        self._hardware = hardware
+        self._queue: list[tuple[list[tuple[str, str | None]], str]] = []  # waiting downloads
         self.setWindowTitle("Get models")
         self.setObjectName("get-models-dialog")
         self.resize(760, 520)
@@ -112,7 +125,12 @@ class GetModelsDialog(QDialog):
         self.cancel_button.setEnabled(False)
         self.status = QLabel("", self)
         self.status.setWordWrap(True)
+        self.queue_label = QLabel("", self)
+        self.queue_label.setWordWrap(True)
+        self.queue_label.hide()
+        self._lay_out()
 
+    def _lay_out(self) -> None:
         top = QHBoxLayout()
         top.addWidget(self.query, 1)
         top.addWidget(self.search_button)
@@ -136,6 +154,7 @@ class GetModelsDialog(QDialog):
         layout.addLayout(where)
         layout.addLayout(row)
         layout.addWidget(self.status)
+        layout.addWidget(self.queue_label)
 
     def _connect(self) -> None:
         self.search_button.clicked.connect(self.search)
@@ -168,12 +187,12 @@ class GetModelsDialog(QDialog):
         item = self.repos.currentItem()
         if item is None:
             return
-        repo, ctx = str(item.data(ROLE)), self.ctx.value()
+        repo, ctx, hardware = str(item.data(ROLE)), self.ctx.value(), self._hardware
         self.models.clear()
         self._found = None
         self._update_buttons()
         self.status.setText(f"Reading the models of {repo} (their headers, for the fit)…")
-        self.lister.submit(lambda: _list_repo(repo, ctx))
+        self.lister.submit(lambda: _list_repo(repo, ctx, hardware))
 
     def download(self) -> None:
         """Download the chosen model of the listed repository (and its projector)."""
@@ -190,11 +209,14 @@ class GetModelsDialog(QDialog):
         return self._fetch([(url, None)], printable(label))
 
     def _fetch(self, jobs: list[tuple[str, str | None]], label: str) -> bool:
+        """Start downloading `jobs`, or queue them behind the running download."""
         folder = self.folder.text().strip()
-        if not jobs or not folder or self.getter.busy:
-            if self.getter.busy:
-                self.status.setText("A download is running; wait for it or cancel it")
+        if not jobs or not folder:
             return False
+        if self.getter.busy or self._queue:
+            self._queue.append((jobs, label))
+            self._show_queue()
+            return True
         from qmgui import download  # noqa: PLC0415
 
         cancel = download.CancelToken()
@@ -213,12 +235,27 @@ class GetModelsDialog(QDialog):
 
         self.bar.setValue(0)
         self.cancel_button.setEnabled(True)
-        self.download_button.setEnabled(False)
         self.status.setText(f"Downloading {label}…")
         self.getter.submit(work)
+        self._update_buttons()
         return True
 
+    def _show_queue(self) -> None:
+        waiting = ", ".join(label for _, label in self._queue)
+        self.queue_label.setText(f"Queued: {waiting}" if waiting else "")
+        self.queue_label.setVisible(bool(waiting))
+
+    def _next(self) -> None:
+        """The running download ended: start the first waiting one."""
+        if self._queue and not self.getter.busy:
+            jobs, label = self._queue.pop(0)
+            self._show_queue()
+            self._fetch(jobs, label)
+
     def cancel(self) -> None:
+        """Cancel the running download (kept for a resume) and forget the queued ones."""
+        self._queue.clear()
+        self._show_queue()
         if self._cancel is not None:
             self._cancel.cancel()
             self.status.setText("Cancelling (what was downloaded is kept for a resume)…")
@@ -244,10 +281,10 @@ class GetModelsDialog(QDialog):
             self.repos.addItem(item)
         self.status.setText(f"{len(hits)} repositories" if hits else "Nothing found")
 
-    def _on_listed(self, result: tuple[Any, list[Any]]) -> None:
+    def _on_listed(self, result: tuple[Any, list[Any], str]) -> None:
         from qmgui import hub  # noqa: PLC0415
 
-        found, fits = result
+        found, fits, where = result
         self._found = found
         self.models.clear()
         best = None
@@ -272,7 +309,7 @@ class GetModelsDialog(QDialog):
         for col in range(3):
             self.models.resizeColumnToContents(col)
         self.status.setText(
-            f"{found.repo_id}: {len(fits)} models at context {self.ctx.value()} on this machine"
+            f"{found.repo_id}: {len(fits)} models at context {self.ctx.value()} on {where}"
         )
         self._update_buttons()
 
@@ -291,6 +328,7 @@ class GetModelsDialog(QDialog):
         self._update_buttons()
         if self._downloaded is not None:
             self._downloaded(paths)
+        self._next()
 
     def _on_failed(self, text: str) -> None:
         self._cancel = None
@@ -299,14 +337,15 @@ class GetModelsDialog(QDialog):
         self._update_buttons()
         with contextlib.suppress(RuntimeError):
             notify.warning(text, source="get models")
+        self._next()  # a failed download does not hold up the others
 
     def _update_buttons(self) -> None:
         self.download_button.setEnabled(
             self.models.currentItem() is not None
             and self._found is not None
             and bool(self.folder.text().strip())
-            and not self.getter.busy
         )
+        self.download_button.setText("Queue download" if self.getter.busy else "Download")
 
     def _browse(self) -> None:
         chosen = QFileDialog.getExistingDirectory(self, "Download into", self.folder.text())

@@ -761,7 +761,11 @@ class MainWindow(QMainWindow):
             roots = self._roots_override or list(self.settings.model_roots)
             folder = next((r for r in roots if os.path.isdir(r)), "")
             self._get_models = GetModelsDialog(
-                self, folder=folder or str(Path.home() / "models"), downloaded=self._on_downloaded
+                self,
+                folder=folder or str(Path.home() / "models"),
+                downloaded=self._on_downloaded,
+                # "fits" as the window plans: this machine or the what-if profile on show
+                hardware=lambda: (self._hardware.label, self._hardware.gpus),
             )
         self._get_models.show()
         self._get_models.raise_()

@@ -103,3 +103,58 @@ def test_cancel_keeps_the_part_and_a_second_download_resumes(  # type: ignore[no
         hub_server.root / "Tiny-Q8_0.gguf"
     ).read_bytes()
     assert not part.exists()
+
+
+def _pick(dialog: GetModelsDialog, quant: str) -> None:
+    row = next(
+        dialog.models.topLevelItem(i)
+        for i in range(dialog.models.topLevelItemCount())
+        if dialog.models.topLevelItem(i).text(0) == quant
+    )
+    dialog.models.setCurrentItem(row)
+
+
+def test_a_second_download_is_queued_and_runs_after_the_first(  # type: ignore[no-untyped-def]
+    qtbot, dialog: GetModelsDialog, hub_server: Hub
+) -> None:
+    dialog.query.setText("tiny")
+    dialog.search()
+    qtbot.waitUntil(lambda: dialog.repos.count() == 1, timeout=WAIT_MS)
+    dialog.repos.setCurrentRow(0)
+    qtbot.waitUntil(lambda: dialog.models.topLevelItemCount() == 3, timeout=WAIT_MS)
+    hub_server.slow_s = 0.02
+    _pick(dialog, "Q8_0")
+    dialog.download_button.click()
+    assert dialog.download_button.text() == "Queue download"
+    _pick(dialog, "Q4_K_M")
+    dialog.download_button.click()
+    assert "Tiny-Q4_K_M.gguf" in dialog.queue_label.text() and dialog.queue_label.isVisibleTo(dialog)
+    hub_server.slow_s = 0.0
+    qtbot.waitUntil(lambda: len(dialog.got) == 2, timeout=WAIT_MS)  # type: ignore[attr-defined]
+    dest = Path(dialog.folder.text())
+    for name in ("Tiny-Q8_0.gguf", "Tiny-Q4_K_M.gguf"):
+        assert (dest / name).read_bytes() == (hub_server.root / name).read_bytes()
+    assert dialog.queue_label.text() == "" and dialog.download_button.text() == "Download"
+
+
+def test_fit_is_judged_on_the_windows_hardware_choice(  # type: ignore[no-untyped-def]
+    qtbot, hub_server: Hub, tmp_path: Path
+) -> None:
+    """A what-if card far too small for any model: every row says so, and the status names it."""
+    from qmgui.core.footprint import Gpu
+
+    tiny_card = ("a 1 MiB card", (Gpu("GPU0", 1 << 20, 1 << 20),))
+    d = GetModelsDialog(None, folder=str(tmp_path), hardware=lambda: tiny_card)
+    qtbot.addWidget(d)
+    d.show()
+    try:
+        d.query.setText("tiny")
+        d.search()
+        qtbot.waitUntil(lambda: d.repos.count() == 1, timeout=WAIT_MS)
+        d.repos.setCurrentRow(0)
+        qtbot.waitUntil(lambda: d.models.topLevelItemCount() == 3, timeout=WAIT_MS)
+        fits = {d.models.topLevelItem(i).text(2) for i in range(3)}
+        assert fits == {"does not fit"}, fits
+        assert "on a 1 MiB card" in d.status.text()
+    finally:
+        d.wait()
