@@ -128,7 +128,8 @@ def test_a_second_download_is_queued_and_runs_after_the_first(  # type: ignore[n
     assert dialog.download_button.text() == "Queue download"
     _pick(dialog, "Q4_K_M")
     dialog.download_button.click()
-    assert "Tiny-Q4_K_M.gguf" in dialog.queue_label.text() and dialog.queue_label.isVisibleTo(dialog)
+    assert "Tiny-Q4_K_M.gguf" in dialog.queue_label.text()
+    assert dialog.queue_label.isVisibleTo(dialog)
     hub_server.slow_s = 0.0
     qtbot.waitUntil(lambda: len(dialog.got) == 2, timeout=WAIT_MS)  # type: ignore[attr-defined]
     dest = Path(dialog.folder.text())
