@@ -146,3 +146,26 @@ def test_a_literal_port_macro_in_a_path_stays_the_path(models: Path) -> None:
     argv = model["argv"]
     assert argv[argv.index("-m") + 1] == str(odd)  # the path, not the port
     assert argv[argv.index("--port") + 1] == str(model["port"])
+
+
+def test_without_a_gpu_models_are_placed_in_host_memory(
+    models: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No GPU on this machine (none found, none given): host memory, the RAM free now less the
+    OS floor."""
+    from qmgui.cli import place as place_cmd
+
+    monkeypatch.setattr(place_cmd, "gpus_from", lambda args: ())
+    monkeypatch.setattr(place_cmd, "read_ram", lambda: (16 << 30, 6 << 30))
+    code, out, _ = run("place", str(models / "llama.gguf"), str(models / "qwen2.gguf"), "--json")
+    assert code == 0, out
+    data = json.loads(out)
+    (host,) = [d for d in data["devices"] if d["name"] == "CPU"]
+    assert host["budget"] == (6 << 30) - place_cmd.OS_FLOOR
+    assert {m["name"] for m in data["models"]} == {"llama", "qwen2"}
+    assert all(m["placed"] and m["devices"] == [] for m in data["models"])
+    code, out, _ = run("place", str(models / "llama.gguf"))
+    assert code == 0 and "in host memory (no GPU)" in out and "CPU only" in out
+    monkeypatch.setattr(place_cmd, "read_ram", lambda: (16 << 30, 1 << 30))  # all but 1 GiB used
+    code, out, _ = run("place", str(models / "llama.gguf"))
+    assert code == 1 and "does not fit in host memory" in out

@@ -23,6 +23,7 @@ from qmgui.core.launch import CACHE_TYPES, LaunchSettings
 from qmgui.core.placement import AutoContext, Placed, Placement, Request, Unplaced, place
 from qmgui.core.profile import apply_profile
 from qmgui.core.units import format_bytes, parse_size
+from qmgui.hw.host import read_ram
 from qmgui.service.launch import Resolver, UsageError, load_quietly
 from qmgui.service.profile import profile_of
 
@@ -72,7 +73,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--host-memory",
         metavar="SIZE",
-        help="host RAM the parts on the CPU may use (default: not checked)",
+        help="host RAM the parts on the CPU may use (default: not checked with GPUs; without "
+        "any, the RAM free now less an OS floor of 2 GiB)",
     )
     p.add_argument("-c", "--ctx-size", dest="ctx", default=AUTO, help="every model's context")
     p.add_argument("-np", "--parallel", dest="parallel", type=int, help="every model's slots")
@@ -278,10 +280,8 @@ def _table(rows: Sequence[tuple[str, ...]], out: TextIO) -> None:
 def print_placement(p: Placement, out: TextIO) -> None:
     total = len(p.placed) + len(p.unplaced)
     n = len(p.gpus)
-    print(
-        f"placed {len(p.placed)} of {total} models on {n} device{'' if n == 1 else 's'}",
-        file=out,
-    )
+    where = f"on {n} device{'' if n == 1 else 's'}" if n else "in host memory (no GPU)"
+    print(f"placed {len(p.placed)} of {total} models {where}", file=out)
     if p.placed:
         rows: list[tuple[str, ...]] = [("MODEL", "CONTEXT", "SLOTS", "LAYERS", "SPLIT", "DEVICES")]
         for x in p.placed:
@@ -378,11 +378,24 @@ def _write_swap(
     return EXIT_OK
 
 
+OS_FLOOR = 2 << 30  # RAM left to the system and desktop when models are placed in host memory
+
+
+def host_budget(available: int | None = None) -> int | None:
+    """Host memory for models on a machine without a GPU: the RAM available now less the OS
+    floor (None when it cannot be read: not checked, as before)."""
+    if available is None:
+        available = read_ram()[1]
+    return None if available is None else max(available - OS_FLOOR, 0)
+
+
 def cmd_place(args: argparse.Namespace, out: TextIO) -> int:
     try:
         gpus = gpus_from(args)
         reserve = parse_size(args.reserve, allow_zero=True)
         host = parse_size(args.host_memory) if args.host_memory else None
+        if host is None and not gpus:
+            host = host_budget()  # a machine without a GPU: the models go to host memory
         base = LaunchSettings(
             parallel=args.parallel,
             cache_type_k=args.ctk,

@@ -28,6 +28,9 @@ The rules, in order, and why:
   that a chat model is placed but hardly usable) and grown toward its target only after every
   model is placed, in placement order, so one model's longer context never costs another its
   place.
+- A machine without a GPU places every model in host memory (all layers on the CPU), charged
+  against the host budget (`qmgui place` gives free RAM less an OS floor), so a laptop gets a
+  placement too.
 - A model that fits nowhere is a result (`Unplaced`) with the reason and the nearest settings
   that fit: a shorter context, a q8_0 KV cache where the engine accepts it for that model, or
   partial offload (`fit.offload_for_context`).
@@ -364,9 +367,10 @@ class _Placer:
     def anywhere(
         self, meta: ModelMeta, s: LaunchSettings, *, split: bool = True
     ) -> tuple[_Try | None, list[_Try]]:
-        """A single card, else (with `split`) a split; with the failed attempts."""
-        if s.n_gpu_layers == 0:
-            t = self.size(meta, s, ())
+        """A single card, else (with `split`) a split; with the failed attempts. Without any
+        card (a machine with no GPU), host memory: every layer on the CPU."""
+        if s.n_gpu_layers == 0 or not self.gpus:
+            t = self.size(meta, replace(s, n_gpu_layers=0), ())
             return (t if t.fits else None), [t]
         one, roomiest = self.single(meta, s)
         if one is not None:
@@ -452,9 +456,17 @@ def _context_words(tried: Sequence[_Try], ctx: int | None) -> str:
     return f"{ctx} tokens of context" if ctx else "its trained context"
 
 
-def _reason(tried: Sequence[_Try], ctx: int | None, n_gpus: int) -> str:
-    if not n_gpus:
-        return "there is no GPU to place it on"
+def _host_reason(tried: Sequence[_Try], ctx: int | None) -> str:
+    """Why a model does not fit in host memory (every layer on the CPU)."""
+    t = tried[0] if tried else None
+    if t is None or t.over is None:
+        return "host memory has no room left"
+    if t.footprint is None:  # the engine refuses the settings
+        return t.over
+    return f"does not fit in host memory with {_context_words(tried, ctx)}: it {t.over}"
+
+
+def _reason(tried: Sequence[_Try], ctx: int | None) -> str:
     if any(t.footprint is None for t in tried):  # the engine refuses the settings
         return next(t.over for t in tried if t.over is not None)
     parts = []
@@ -669,7 +681,8 @@ def place(
             continue
         if req.pin is not None:
             notes.append(placer.pinned(req.meta, s, req.pin)[1])
-        reason = _reason(failed, ctx, len(gpus)) if s.n_gpu_layers else failed[0].over or ""
+        on_cards = s.n_gpu_layers and gpus
+        reason = _reason(failed, ctx) if on_cards else _host_reason(failed, ctx)
         nearest = _Nearest(placer).all(req.meta, s) if failed and gpus else ()
         unplaced.append(Unplaced(req.name, reason, nearest, tuple(notes)))
     if grow_context:

@@ -248,6 +248,22 @@ def test_a_cpu_only_request_uses_no_gpu() -> None:
     assert p.host.shares[0].bytes == 6 * GIB + KV_4K
 
 
+def test_without_a_gpu_every_model_goes_to_host_memory() -> None:
+    """A machine with no GPU (a laptop): models are placed with every layer on the CPU and
+    charged against the host budget; one that does not fit there says so in those words."""
+    small, big = req("small", 2), req("big", 6)
+    p = place([small, big], (), reserve=0, host_bytes=10 * GIB, estimate=toy)
+    assert p.fits and {m.name for m in p.placed} == {"small", "big"}
+    for m in p.placed:
+        assert m.devices == () and m.settings.n_gpu_layers == 0
+    assert sum(sh.bytes for sh in p.host.shares) == 8 * GIB + 2 * KV_4K
+    tight = place([small, big], (), reserve=0, host_bytes=5 * GIB, estimate=toy)
+    assert [m.name for m in tight.placed] == ["small"]
+    (left,) = tight.unplaced
+    assert left.name == "big" and left.reason.startswith("does not fit in host memory")
+    assert "no GPU" not in left.reason
+
+
 def test_a_pin_is_honoured_even_where_best_fit_would_differ() -> None:
     p = toy_place([req("m", 4, pin=Pin(("GPU0",)))], cards(24, 8))
     assert p.model("m").devices == ("GPU0",)  # type: ignore[union-attr]
@@ -386,7 +402,8 @@ def test_refused_settings_are_the_reason() -> None:
 
 
 def test_no_gpu_and_no_room() -> None:
-    assert toy_place([req("m", 2)], ()).unplaced[0].reason == "there is no GPU to place it on"
+    # no GPU and no host budget: host memory, unchecked (before issue 15: not placed at all)
+    assert toy_place([req("m", 2)], ()).placed[0].devices == ()
     full = place([req("m", 2)], cards(8), reserve=0, occupied={"GPU0": 8 * GIB}, estimate=toy)
     assert full.unplaced[0].reason == "no card has any room left"
 
