@@ -42,6 +42,7 @@ from qmgui.core.units import format_bytes, parse_size
 from qmgui.hw.host import read_ram
 from qmgui.hw.nvml import read_gpus
 from qmgui.hw.profiles import lookup
+from qmgui.service.disk import disk_advice, with_disk_note
 
 EXIT_OK = 0  # the launch fits
 EXIT_NO_FIT = 1  # it does not fit (the nearest setting that fits is printed, when one does)
@@ -367,7 +368,10 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     if code is not None:
         return code
     profile = saved_profile(entry)
-    settings = apply_profile(settings, profile, given=given_fields(args))
+    given = given_fields(args)
+    settings = apply_profile(settings, profile, given=given)
+    # a model on a network filesystem is read into RAM once (--no-mmap) when it fits
+    settings, disk = disk_advice(entry, settings, given, ram_bytes=host)
     engine = args.engine or ("llama" if entry.format == "gguf" else "vllm")
     if engine == "vllm":
         return _cmd_plan_vllm(entry, gpus, args, out, profile, remote=remote)
@@ -380,7 +384,7 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
         return EXIT_USAGE
     try:
         budget = Budget(gpus=gpus, gpu_reserve=reserve, host_bytes=host)
-        result = check(entry.meta, settings, budget)
+        result = with_disk_note(check(entry.meta, settings, budget), disk)
         near = None if result.fits else nearest_fit(entry.meta, settings, budget)
     except SizingError as e:
         notify.error(str(e), source="plan")

@@ -33,6 +33,7 @@ from qmgui.core.profile import Profile, apply_profile, extra_args_of, vllm_pins
 from qmgui.core.vllm import VllmPlan, plan_vllm
 from qmgui.engines.llama_run import find_llama_server
 from qmgui.engines.supervisor import EngineSpec
+from qmgui.service.disk import disk_advice
 from qmgui.service.profile import profile_of
 from qmgui.settings import LoadResult, ModelOverride, load_settings
 
@@ -294,6 +295,7 @@ def emit_model(
     (EmitError / SizingError for bad input)."""
     profile = profile_of(ov)
     settings = apply_profile(req.settings, profile, given=req.given)
+    settings, disk = disk_advice(entry, settings, req.given)  # a network disk: --no-mmap
     if ov is not None and ov.mmproj:
         entry = replace(entry, mmproj=ov.mmproj)
     saved_extra = () if "extra_args" in req.given else extra_args_of(profile)
@@ -341,6 +343,8 @@ def emit_model(
         cmd = skipped(f"{entry.name}: qmgui writes no commands for {target.kind} backends yet")
     if target.notes:
         cmd = replace(cmd, warnings=(*target.notes, *cmd.warnings))
+    if disk.note and target.kind == "llama":
+        comments = [*comments, disk.note]
     return Emitted(cmd, target, health, tuple(comments), vllm_plan)
 
 

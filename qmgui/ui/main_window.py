@@ -1019,6 +1019,7 @@ class MainWindow(QMainWindow):
                 f"slot{'s' if r.n_seq != 1 else ''}, KV {r.cache_type_k}/{r.cache_type_v}, "
                 f"flash attention {'on' if r.flash_attn else 'off'}, "
                 f"{fit.footprint.n_gpu_layers} layers on GPU."
+                + (f" Note: {outcome.disk_note}." if outcome.disk_note else "")
                 + "".join(f" Warning: {w}." for w in fit.warnings),
                 ok=True,
                 nearest=False,

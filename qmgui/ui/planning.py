@@ -31,6 +31,7 @@ from qmgui.core.units import MIB
 from qmgui.core.vllm import VllmPins, VllmPlan, plan_vllm
 from qmgui.engines.bench import BenchStore
 from qmgui.engines.model_ports import choose_port
+from qmgui.service.disk import disk_advice, with_disk_note
 from qmgui.service.launch import (
     Request,
     Resolver,
@@ -183,6 +184,7 @@ class PlanOutcome:
     missing: str | None = None  # the engine is not installed: what to install (Start says it)
     # the latest `qmgui bench` result of this model here, and whether it measured this command
     measured: tuple[BenchResult, bool] | None = None
+    disk_note: str = ""  # how the weights are read when the model is on a network disk
 
 
 def plan_model(
@@ -220,12 +222,13 @@ def plan_model(
     budget = budget_for(sized, reserve_mib)
     fit: FitResult | None = None
     error: str | None = None
+    sized_settings, disk = disk_advice(entry, settings, given)  # a network disk: --no-mmap
     if plannable(entry):
         assert entry.meta is not None
         try:
-            fit = check(entry.meta, settings, budget)
+            fit = with_disk_note(check(entry.meta, sized_settings, budget), disk)
             if not fit.fits:
-                fit = replace(fit, nearest=nearest_fit(entry.meta, settings, budget))
+                fit = replace(fit, nearest=nearest_fit(entry.meta, sized_settings, budget))
         except SizingError as e:
             error = str(e)
     else:
@@ -247,7 +250,7 @@ def plan_model(
     vllm_gpus = tuple(g.name for g in sized.gpus[: vllm.tensor_parallel]) if vllm else ()
     return PlanOutcome(
         entry, settings, hw, fit, error, command, bash, ps, engine, shown_bash, shown_ps,
-        vllm, vllm_gpus, missing, last_measured(entry, command),
+        vllm, vllm_gpus, missing, last_measured(entry, command), disk.note,
     )  # fmt: skip
 
 
