@@ -142,6 +142,9 @@ def _nvml_processes(sup: Supervisor, fp: Footprint | None) -> list[dict[str, obj
     text = sup.log.text()
     plan = fp or Footprint(settings=None, n_gpu_layers=0, layer_devices=(), devices=())  # type: ignore[arg-type]
     rb = readback(text, plan, read_nvml(), pids=engine_pids(sup.pid))
+    if fp is not None:
+        for overrun in rb.overruns():  # the plan was short: said, never silently absorbed
+            notify.warning(f"{sup.spec.name}: {overrun}", source=SOURCE)
     if fp is not None and rb.comparable:
         try:
             ResidualStore().record(rb)

@@ -29,6 +29,7 @@ import psutil
 from qmgui import notify
 from qmgui.core.footprint import CPU, DeviceFootprint, Footprint
 from qmgui.core.readback import DeviceReport, EngineReport, parse_llama_log
+from qmgui.core.units import format_bytes
 from qmgui.engines.json_store import JsonStore
 from qmgui.engines.registry import state_dir
 from qmgui.hw.nvml import NvmlReading
@@ -39,6 +40,10 @@ VERSION = 1
 # (AMX, CPU_REPACK), so "weights" compares the mapped span with the mapped span
 KINDS = ("weights", "kv", "compute", "output", "other")
 _SOURCE = "engines"
+# a buffer beyond the plan by more than the engine's print precision (it prints MiB with two
+# decimals) plus this share of the planned size is an overrun: said, never silently absorbed
+OVERRUN_SHARE = 0.02
+PRINT_PRECISION = 10486  # 0.01 MiB
 _INDEX = re.compile(r"(\d+)$")
 
 
@@ -134,12 +139,34 @@ class Readback:
     def comparable(self) -> bool:
         return any(r.residual is not None for r in self.rows)
 
+    def overruns(self) -> tuple[str, ...]:
+        """Each buffer the engine allocated beyond the plan by more than the print precision
+        plus 2%, as a sentence ("GPU0 compute: the engine allocated …")."""
+        out = []
+        for row in self.rows:
+            if row.planned is None or row.actual is None:
+                continue
+            for kind in KINDS:
+                planned, actual = row.planned.get(kind, 0), row.actual.get(kind, 0)
+                over = actual - planned
+                if over <= PRINT_PRECISION + OVERRUN_SHARE * planned:
+                    continue
+                share = f" ({over / planned:.0%})" if planned else ""
+                what = "weight copies" if kind == "other" else kind
+                out.append(
+                    f"{row.name} {what}: the engine allocated {format_bytes(actual)}, "
+                    f"{format_bytes(over)}{share} more than planned ({format_bytes(planned)}); "
+                    "a fuller card may not hold what the plan says fits"
+                )
+        return tuple(out)
+
     def to_json(self) -> dict[str, object]:
         return {
             "build": self.build,
             "architecture": self.architecture,
             "devices": [r.to_json() for r in self.rows],
             "residuals": self.residuals() if self.comparable else None,
+            "overruns": list(self.overruns()),
             "nvml_processes": [p.to_json() for p in self.processes],
             "notes": list(self.notes),
         }
@@ -271,6 +298,10 @@ class ResidualStore:
                 "samples": n + 1,
                 "mean": new_mean,
                 "last": residuals,
+                # buffers beyond the plan (print precision + 2%): how often, and the last ones
+                "overruns": int(old.get("overruns", 0) if isinstance(old, dict) else 0)
+                + bool(result.overruns()),
+                "last_overruns": list(result.overruns()),
                 "updated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             }
             entries[key] = entry

@@ -97,6 +97,7 @@ class Memory:
     planned: int | None
     actual: int | None
     actual_by_device: Mapping[str, int] = field(default_factory=dict)
+    overruns: tuple[str, ...] = ()  # buffers beyond the plan (print precision + 2%)
 
 
 def memory_of(log_text: str, footprint: Footprint | None) -> Memory:
@@ -109,7 +110,12 @@ def memory_of(log_text: str, footprint: Footprint | None) -> Memory:
     planned = [sum(r.planned.values()) for r in rb.rows if r.planned is not None]
     actual = [sum(r.actual.values()) for r in rb.rows if r.actual is not None]
     by_device = {r.name: sum(r.actual.values()) for r in rb.rows if r.actual is not None}
-    return Memory(sum(planned) if planned else None, sum(actual) if actual else None, by_device)
+    return Memory(
+        sum(planned) if planned else None,
+        sum(actual) if actual else None,
+        by_device,
+        rb.overruns() if actual else (),
+    )
 
 
 @dataclass
@@ -549,6 +555,8 @@ class EngineRunner(QObject):
         except Exception:  # a comparison is a nicety, never a failure
             engine.memory = Memory(None, None)
             return True
+        for overrun in engine.memory.overruns:  # the plan was short: said once per start
+            notify.warning(f"{engine.name}: {overrun}", source=SOURCE)
         return engine.memory.actual is not None
 
     def _measure_late(self, engine: Engine, sup: Supervisor) -> None:

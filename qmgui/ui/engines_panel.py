@@ -80,7 +80,7 @@ def memory_words(engine: Engine) -> str:
         return ""
     planned = format_bytes(mem.planned) if mem.planned is not None else "—"
     actual = format_bytes(mem.actual) if mem.actual is not None else "—"
-    return f"{planned} / {actual}"
+    return f"{planned} / {actual}" + (" ⚠" if mem.overruns else "")
 
 
 def state_words(engine: Engine) -> str:
@@ -257,6 +257,11 @@ class EnginesPanel(QWidget):
         state_item = self.table.item(row, COL_STATE)
         if state_item is not None and state_item.toolTip() != tip:
             state_item.setToolTip(tip)
+        memory_item = self.table.item(row, COL_MEMORY)
+        mem = engine.memory
+        memory_tip = "\n".join(mem.overruns) if mem is not None and mem.overruns else ""
+        if memory_item is not None and memory_item.toolTip() != memory_tip:
+            memory_item.setToolTip(memory_tip)
         model_item = self.table.item(row, COL_MODEL)
         if model_item is not None:
             tip = router_tip(engine) if engine.is_router else engine.label

@@ -195,3 +195,28 @@ def test_readback_matches_the_plan(model: Path) -> None:
         assert abs(cpu.residual[kind]) <= precision, (kind, cpu.planned, cpu.actual)
     # residual = actual - planned: never planned below the engine, at most 5% above it
     assert -0.05 * cpu.actual["compute"] - precision <= cpu.residual["compute"] <= precision
+    assert rb.overruns() == ()  # the plan holds: nothing to warn about
+    # the same log against a plan short of compute: said, with the numbers
+    from dataclasses import replace
+
+    short = replace(
+        plan,
+        devices=tuple(
+            replace(d, compute=d.compute // 2) if d.name == "CPU" else d for d in plan.devices
+        ),
+    )
+    (overrun,) = readback(sup.log.text(), short).overruns()
+    assert overrun.startswith("CPU compute: the engine allocated ")
+    assert "more than planned" in overrun and "(100%)" in overrun
+
+
+def test_an_overrun_within_precision_and_two_percent_is_not_one() -> None:
+    from qmgui.engines.residuals import OVERRUN_SHARE, PRINT_PRECISION, DeviceRow, Readback
+
+    planned = {"weights": 100 << 20, "kv": 0, "compute": 50 << 20, "output": 0, "other": 0}
+    edge = PRINT_PRECISION + int(OVERRUN_SHARE * (50 << 20))
+    within = dict(planned, compute=(50 << 20) + edge)
+    beyond = dict(planned, compute=(50 << 20) + edge + 1)
+    assert Readback((DeviceRow("GPU0", "CUDA0", planned, within),)).overruns() == ()
+    (said,) = Readback((DeviceRow("GPU0", "CUDA0", planned, beyond),)).overruns()
+    assert said.startswith("GPU0 compute: the engine allocated 51.0 MiB")
