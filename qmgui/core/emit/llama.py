@@ -162,6 +162,11 @@ def _ngl(model: ModelEntry, n: int) -> str:
     return str(model.meta.n_layer + 1)
 
 
+def _moe(model: ModelEntry) -> bool:
+    """Whether the model has experts (unknown metadata: assume it may)."""
+    return model.meta is None or model.meta.is_moe
+
+
 def _settings_options(model: ModelEntry, s: LaunchSettings) -> list[Option]:
     opts: list[Option] = []
     ctx = s.ctx_size or (model.meta.context_length if model.meta else None)
@@ -183,9 +188,11 @@ def _settings_options(model: ModelEntry, s: LaunchSettings) -> list[Option]:
     opts.append(Option(F_FA, s.flash_attn))
     if s.n_gpu_layers is not None:
         opts.append(Option(F_NGL, _ngl(model, s.n_gpu_layers)))
-    if s.cpu_moe:
+    # experts on the CPU: only for a mixture of experts (a dense model has none to move;
+    # llama_options says why the flag is left out)
+    if s.cpu_moe and _moe(model):
         opts.append(Option(F_CPU_MOE))
-    elif s.n_cpu_moe > 0:
+    elif s.n_cpu_moe > 0 and _moe(model):
         opts.append(Option(F_N_CPU_MOE, str(s.n_cpu_moe)))
     if s.tensor_split:
         opts.append(Option(F_TENSOR_SPLIT, ",".join(_number(x) for x in s.tensor_split)))
@@ -236,6 +243,11 @@ def llama_options(
     opts += _settings_options(model, settings)
     env: dict[str, str] = {}
     warnings: list[str] = []
+    if (settings.cpu_moe or settings.n_cpu_moe > 0) and not _moe(model):
+        warnings.append(
+            f"{'--cpu-moe' if settings.cpu_moe else '--n-cpu-moe'} left out: {model.name} is "
+            "not a mixture of experts (it has no experts to keep on the CPU)"
+        )
     if devices is not None:
         pin_env = devices.env()
         if devices.rpc:
