@@ -39,8 +39,8 @@ from qmgui.core.launch import (
 from qmgui.core.meta import MAX_CONTEXT, ModelClass
 from qmgui.core.profile import apply_profile, vllm_pins
 from qmgui.core.units import format_bytes, parse_size
+from qmgui.hw.gpus import local_gpus
 from qmgui.hw.host import read_ram
-from qmgui.hw.nvml import read_gpus
 from qmgui.hw.profiles import lookup
 from qmgui.service.disk import disk_advice, with_disk_note
 
@@ -247,7 +247,7 @@ def _local_gpus(args: argparse.Namespace) -> tuple[Gpu, ...]:
         return tuple(gpus)
     return tuple(
         Gpu(name=f"GPU{r.index}", total_bytes=r.total_bytes, free_bytes=r.free_bytes)
-        for r in read_gpus()
+        for r in local_gpus()  # NVIDIA (NVML), then AMD (amdgpu sysfs)
     )
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qmgui.core.footprint import Gpu
+from qmgui.hw.gpus import local_gpus
 from qmgui.hw.host import read_host
-from qmgui.hw.nvml import read_gpus
 from qmgui.hw.profiles import lookup
 
 THIS_MACHINE = "This machine"
@@ -47,11 +47,11 @@ def choice_labels() -> tuple[str, ...]:
 
 
 def this_machine() -> Hardware:
-    """The NVIDIA GPUs present (none is normal: CPU only) and this machine's RAM."""
+    """The GPUs present (NVIDIA, then AMD; none is normal: CPU only) and this machine's RAM."""
     host = read_host()
     gpus = tuple(
         Gpu(name=f"GPU{r.index} ({r.name})", total_bytes=r.total_bytes, free_bytes=r.free_bytes)
-        for r in read_gpus()
+        for r in local_gpus()
     )
     return Hardware(THIS_MACHINE, gpus, host.ram_total_bytes)
 
