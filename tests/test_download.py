@@ -351,6 +351,42 @@ def test_a_restart_mid_download(server: Server, dest: Path) -> None:
     assert (dest / src.name).read_bytes() == src.read_bytes()
 
 
+def test_ctrl_c_cancels_with_a_sentence_and_the_next_run_resumes(server: Server, dest: Path) -> None:
+    """`qmgui get` interrupted with Ctrl-C: exit 130 and a sentence, the part and its record
+    kept, no lock file left (a join interrupted by Ctrl-C once lost the result: a traceback)."""
+    import signal
+
+    src = _model(server.served.root, size=2 << 20)
+    server.served.slow_s = 0.02
+    url = f"{server.url}/slow/{src.name}"
+    part = dest / (src.name + download.PART_SUFFIX)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qmgui", "get", url, "--to", str(dest)],
+        cwd=Path(__file__).resolve().parent.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (part.exists() and part.stat().st_size):
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 130, err
+    assert "cancelled after" in err and "Traceback" not in err
+    assert part.stat().st_size > 0 and not (dest / src.name).exists()
+    assert not list(dest.glob("*.lock"))
+    server.served.slow_s = 0.0
+    code, out, err = run("get", url, "--to", str(dest))
+    assert code == 0 and "resumed at" in out, err
+    assert (dest / src.name).read_bytes() == src.read_bytes()
+
+
 # --- verification ----------------------------------------------------------------------------
 
 

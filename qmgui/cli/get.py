@@ -112,6 +112,7 @@ def _run_one(url: str, folder: str, sha256: str | None, bar: _Bar, cancel: Any) 
     from qmgui.core.errors import DownloadError  # noqa: PLC0415
 
     box: dict[str, Any] = {}
+    done = threading.Event()
 
     def work() -> None:
         try:
@@ -120,15 +121,19 @@ def _run_one(url: str, folder: str, sha256: str | None, bar: _Bar, cancel: Any) 
             )
         except DownloadError as e:
             box["error"] = e
+        finally:
+            done.set()
 
     worker = threading.Thread(target=work, name="qmgui-get", daemon=True)
     worker.start()
+    # an Event, not Thread.join: a join that Ctrl-C interrupts can leave the thread marked
+    # as ended while it still runs (CPython gh-90882), and the result would be lost
     try:
-        while worker.is_alive():
-            worker.join(0.2)
+        while not done.wait(0.2):
+            pass
     except KeyboardInterrupt:
         cancel.cancel()
-        worker.join()
+        done.wait()
     bar.end()
     return box.get("result"), box.get("error")
 
