@@ -351,7 +351,9 @@ def test_a_restart_mid_download(server: Server, dest: Path) -> None:
     assert (dest / src.name).read_bytes() == src.read_bytes()
 
 
-def test_ctrl_c_cancels_with_a_sentence_and_the_next_run_resumes(server: Server, dest: Path) -> None:
+def test_ctrl_c_cancels_with_a_sentence_and_the_next_run_resumes(
+    server: Server, dest: Path
+) -> None:
     """`qmgui get` interrupted with Ctrl-C: exit 130 and a sentence, the part and its record
     kept, no lock file left (a join interrupted by Ctrl-C once lost the result: a traceback)."""
     import signal
