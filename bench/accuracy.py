@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from qmgui.core.build_rules import build_number  # noqa: E402
 from qmgui.core.errors import EngineError, SizingError  # noqa: E402
 from qmgui.core.gguf_header import read_gguf_header  # noqa: E402
 from qmgui.core.launch import LaunchSettings, Resolved, resolve  # noqa: E402
@@ -199,14 +200,15 @@ def _footprint_module() -> Any:
 
 
 def predict(
-    meta: ModelMeta, ls: LaunchSettings, *, embeddings: bool = False
+    meta: ModelMeta, ls: LaunchSettings, *, embeddings: bool = False, build: int | None = None
 ) -> tuple[dict[str, int] | None, str | None]:
-    """Predicted bytes per buffer on the CPU from qmgui.core.footprint, or (None, why)."""
+    """Predicted bytes per buffer on the CPU from qmgui.core.footprint, or (None, why).
+    `build`: the engine's llama.cpp build number (engine_build), whose rules apply."""
     fp_mod = _footprint_module()
     if fp_mod is None:
         return None, "qmgui.core.footprint does not exist yet"
     try:
-        fp = fp_mod.estimate(meta, ls, embeddings=embeddings)
+        fp = fp_mod.estimate(meta, ls, embeddings=embeddings, rules=fp_mod.EngineRules(build=build))
     except SizingError as e:
         return None, f"refused: {e}"
     except Exception as e:  # a prediction bug must not stop the measurement
@@ -399,7 +401,9 @@ def run_case(
     *,
     timeout_s: float = TIMEOUT_S,
     save_logs: Path | None = None,
+    build: int | None = None,
 ) -> dict[str, Any]:
+    """One launch, measured and predicted (`build`: the rules' build, see engine_build)."""
     args = [*BASE_ARGS, *case.setting.args]
     embedding = meta.model_class in (ModelClass.EMBEDDING, ModelClass.RERANK)
     if embedding:
@@ -414,7 +418,7 @@ def run_case(
     if save_logs is not None:
         safe = "".join(ch if ch.isalnum() or ch in "=._-" else "_" for ch in case.setting.label)
         (save_logs / f"{case.arch}__{safe}.log").write_text(outcome.log, encoding="utf-8")
-    predicted, why = predict(meta, case.setting.settings, embeddings=embedding)
+    predicted, why = predict(meta, case.setting.settings, embeddings=embedding, build=build)
     measured = measured_json(report)
     cpu = measured["devices"].get("CPU", {})
     verdicts = {
@@ -476,6 +480,7 @@ class MatrixResult:
     jobs: int
     build: str | None = None
     version: str | None = None  # `llama-server --version` and the wheel that ships it
+    rules_build: int | None = None  # the llama.cpp build whose rules predicted (engine_build)
     started: str = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc).isoformat())
 
 
@@ -489,6 +494,7 @@ def run_matrix(
     progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> MatrixResult:
     start = time.monotonic()
+    rules_build = engine_build(binary)
     archs = list(dict.fromkeys(c.arch for c in cases))
     with tempfile.TemporaryDirectory(prefix="qmgui-accuracy-") as tmp:
         models = write_models(archs, Path(tmp))
@@ -507,6 +513,7 @@ def run_matrix(
                     metas[case.arch],
                     timeout_s=timeout_s,
                     save_logs=save_logs,
+                    build=rules_build,
                 )
             except EngineError as e:  # cannot start or cannot kill: a row, not a dead matrix
                 row = error_row(case, str(e))
@@ -517,7 +524,24 @@ def run_matrix(
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             rows = list(pool.map(one, cases))
     build = next((r["build"] for r in rows if r["build"]), None)
-    return MatrixResult(rows, time.monotonic() - start, binary, jobs, build, engine_version(binary))
+    wall = time.monotonic() - start
+    return MatrixResult(rows, wall, binary, jobs, build, engine_version(binary), rules_build)
+
+
+# builds that print no llama.cpp build number of their own: the commit they were built from
+def engine_build(binary: str) -> int | None:
+    """The llama.cpp build number of `binary`, from `--version` (build_number); None when it
+    cannot be told, which predicts with EngineRules()' defaults."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    info = parse_llama_log(out.stdout + out.stderr).build
+    return None if info is None else build_number(info.number, info.commit)
 
 
 def engine_version(binary: str) -> str | None:
@@ -627,7 +651,8 @@ def render_markdown(result: MatrixResult, *, command: str) -> str:
         "",
         f"- engine: llama-server build {result.build or 'unknown'} "
         f"(`{result.version or 'version unknown'}`), CPU backend, "
-        f"`{os.path.relpath(result.binary, ROOT)}`",
+        f"`{os.path.relpath(result.binary, ROOT)}`; predicted with the rules of "
+        f"{'b' + str(result.rules_build) if result.rules_build else 'the default build'}",
         f"- date: {result.started[:19]}Z; {len(rows)} runs, {result.jobs} parallel, "
         f"{result.wall_s:.1f} s",
         "- cells: `predicted / measured` MiB on the CPU device; model/KV/RS/output pass when they "
@@ -696,6 +721,7 @@ def write_json(result: MatrixResult, path: Path) -> None:
         "date": result.started,
         "engine_build": result.build,
         "engine_version": result.version,
+        "rules_build": result.rules_build,
         "wall_s": round(result.wall_s, 2),
     }
     lines = [json.dumps(head)[:-1] + ', "rows": [']
@@ -709,7 +735,7 @@ def print_summary(result: MatrixResult) -> None:
     rows = result.rows
     counts = summary_counts(rows)
     print(f"{len(rows)} runs in {result.wall_s:.1f} s ({result.jobs} parallel), "
-          f"engine build {result.build}")  # fmt: skip
+          f"engine build {result.build}, rules of build {result.rules_build}")  # fmt: skip
     for b in BUFFERS:
         c = counts[b]
         print(

@@ -47,3 +47,30 @@ def test_default_is_this_machines_ram(tmp_path: Path, monkeypatch) -> None:  # t
     plan = json.loads(out)
     assert plan["fits"] is True
     assert plan["warnings"] == []
+
+
+def test_the_build_is_an_input(tmp_path: Path) -> None:
+    """`--build N` sizes by build N's rules (b11434 keeps the mixed-batch input branch: a larger
+    compute buffer than the default rules); a build qmgui has not measured says whose rules;
+    `--backend PATH` reads the build from the executable's --version."""
+    import json as _json
+
+    from qmgui.core.build_rules import MEASURED
+
+    model = write_gguf(tmp_path / "m.gguf", PRESETS["llama"])
+
+    def compute(*extra: str) -> tuple[int, list[str]]:
+        code, out, err = run("plan", str(model), "-c", "1024", "--json", *extra)
+        assert code == 0, err
+        plan = _json.loads(out)
+        (cpu,) = [d for d in plan["devices"] if d["name"] == "CPU"]
+        return cpu["compute"], plan["notes"]
+
+    base, _ = compute()
+    new, notes = compute("--build", "11434")
+    assert new > base and not any("sized by" in n for n in notes)
+    newer, notes = compute("--build", str(MEASURED[-1] + 1000))
+    assert newer == new and any("newer than any build qmgui measured" in n for n in notes)
+    engine = Path.home() / ".cache" / "qmgui-engines" / "llama-b11434-cpu-all" / "llama-server"
+    if engine.is_file():
+        assert compute("--backend", str(engine))[0] == new

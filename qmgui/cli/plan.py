@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+import shutil
 from dataclasses import replace
 from typing import Any, TextIO
 
@@ -20,6 +21,7 @@ from qmgui.cli.profiles import (
     track_given,
     vllm_values,
 )
+from qmgui.core.build_rules import rules_for
 from qmgui.core.discovery import ModelEntry, entry_for_path
 from qmgui.core.errors import SizingError
 from qmgui.core.fit import (
@@ -72,7 +74,25 @@ def register(sub: Any) -> None:
     add_rpc_flag(p)
     add_profile_flags(p)
     p.add_argument("--json", action="store_true", help="print the plan as a JSON object")
+    add_rules_flags(p)
     p.set_defaults(func=cmd_plan)
+
+
+def add_rules_flags(p: argparse.ArgumentParser) -> None:
+    """`--backend ID|PATH` or `--build N`: whose allocation rules size the plan (`plan`)."""
+    rules = p.add_mutually_exclusive_group()
+    rules.add_argument(
+        "--backend",
+        metavar="ID|PATH",
+        help="size by the allocation rules of this llama-server build (a registry id or the "
+        "executable; its --version names the build)",
+    )
+    rules.add_argument(
+        "--build",
+        type=int,
+        metavar="N",
+        help="size by the rules of llama.cpp build bN (a build that need not be installed)",
+    )
 
 
 def add_plan_flags(p: argparse.ArgumentParser) -> None:
@@ -383,10 +403,13 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
         )
         return EXIT_USAGE
     try:
-        budget = Budget(gpus=gpus, gpu_reserve=reserve, host_bytes=host)
-        result = with_disk_note(check(entry.meta, settings, budget), disk)
+        rules, rules_note = rules_for(
+            args.build if args.build is not None else _backend_build(args, entry)
+        )
+        budget = Budget(gpus=gpus, gpu_reserve=reserve, host_bytes=host, rules=rules)
+        result = _noted(with_disk_note(check(entry.meta, settings, budget), disk), rules_note)
         near = None if result.fits else nearest_fit(entry.meta, settings, budget)
-    except SizingError as e:
+    except (SizingError, ValueError) as e:  # ValueError: a --backend that cannot be used
         notify.error(str(e), source="plan")
         return EXIT_USAGE
     near_json = _nearest_json(result, near)
@@ -402,6 +425,36 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
 
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # MODEL written as a URL, not a path
+
+
+def _noted(result: FitResult, note: str) -> FitResult:
+    if not note:
+        return result
+    fp = result.footprint
+    return replace(result, footprint=replace(fp, notes=(*fp.notes, note)))
+
+
+def _backend_build(args: argparse.Namespace, entry: ModelEntry) -> int | None:
+    """The build of `--backend` (probed once: its --version and --help), None without it."""
+    if not getattr(args, "backend", None):
+        return None
+    from qmgui.service.launch import Resolver, load_quietly  # noqa: PLC0415 - --backend only
+
+    target = Resolver(load_quietly(), backend_arg=args.backend).target(entry)
+    if isinstance(target, str):
+        raise ValueError(f"--backend {args.backend}: {target}")
+    if shutil.which(target.executable) is None:
+        raise ValueError(
+            f"--backend {args.backend}: {target.executable} is not an executable here; give a "
+            "registry id (qmgui backends list) or the engine's path, or --build N"
+        )
+    if target.build is None:
+        notify.warning(
+            f"{target.executable} does not say which llama.cpp build it is; sized by the "
+            "default rules",
+            source="plan",
+        )
+    return target.build
 
 
 def _read_remote(url: str) -> tuple[ModelEntry, dict[str, int]]:

@@ -41,12 +41,14 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from types import FrameType
 from typing import Any, TextIO
 
 from qmgui import notify
 from qmgui.cli.plan import add_plan_flags
 from qmgui.cli.preview import add_target_flags, prepare
+from qmgui.core.build_rules import rules_for
 from qmgui.core.discovery import ModelEntry
 from qmgui.core.emit import EmitError
 from qmgui.core.errors import SettingsError, SizingError
@@ -130,8 +132,8 @@ def register(sub: Any) -> None:
 def _plan(entry: Any, req: Any) -> Footprint | None:
     if entry.meta is None or entry.format != "gguf":
         return None
-    try:
-        return estimate(entry.meta, req.settings, req.gpus)
+    try:  # by the rules of the build that runs (the comparison is with what it allocates)
+        return estimate(entry.meta, req.settings, req.gpus, rules=rules_for(req.build)[0])
     except SizingError as e:
         notify.warning(f"no plan to compare with: {e}", source=SOURCE)
         return None
@@ -263,7 +265,7 @@ def launch_spec(
         command, target.kind, entry, port=port,
         downshift=downshift and target.kind == "llama" and args.ctx is None,
     )  # fmt: skip
-    return spec, entry, req
+    return spec, entry, replace(req, build=target.build)
 
 
 def cmd_serve(args: argparse.Namespace, out: TextIO) -> int:

@@ -17,7 +17,9 @@ each graph's walk is compiled once per structure and replayed per context over a
 (see "the walk compiled once per graph structure"). The terms that come out on top are
 
     inputs: the KQ mask (n_kv x n_ubatch, f32; f16 with flash attention), token, position
-            and KV-index inputs, an unused n_embd x n_ubatch f32 embedding input
+            and KV-index inputs, an unused n_embd x n_ubatch f32 embedding input (from
+            MIXED_BATCH_BUILD on also the mixed-batch branch's inputs and its never-freed
+            n_embd x n_ubatch f32 copy: compute_buffer_bytes' `mixed_batch`)
   + the largest live set of one layer:
         attention without flash attention: the scores n_kv x n_ubatch x n_head x 4 bytes
             (soft-max runs in place), next to Q, the layer input and the residual
@@ -92,6 +94,18 @@ _INPLACE_OPS = frozenset(
 )
 
 CPU_ALIGNMENT = 32  # TENSOR_ALIGNMENT: the CPU buffer type's alignment (ggml-backend.cpp)
+
+# The first llama.cpp build known to build the mixed token/embedding input branch in
+# build_inp_embd (src/llama-graph.cpp: inp_mixed_tokens, inp_mixed_slots, inp_mixed_embd and
+# set_rows(dup(inp_mixed_embd), get_rows(tok_embd, inp_mixed_tokens), inp_mixed_slots)) and
+# to scale Gemma 3's token rows there (inp_scale_rows). b10435 has neither and b11434 has
+# both; the build in between that brought them is not pinned, so this is the measured
+# boundary: builds from 10436 to 11433 are predicted as b11434.
+MIXED_BATCH_BUILD = 11434
+# llm_arch_supports_mixed_batch (src/llama-arch.cpp): the architectures without the branch
+_NO_MIXED_BATCH = frozenset(
+    {"cogvlm", "deepseek4", "graniteswitch", "eagle3", "dflash", "gemma4-assistant"}
+)
 
 
 # --- a minimal ggml: shapes, strides, views and graph order -------------------------------------
@@ -684,6 +698,8 @@ class _Builder:
         self._attn_inputs: dict[str, _AttnInputs] = {}
         self.no_cache_mask: _T | None = None
         self._s_copy: tuple[_T, _T] | None = None
+        # build_inp_embd as of MIXED_BATCH_BUILD (set by _mixed_batch's wrapper of a family)
+        self.mixed_batch = False
 
     def each_layer(self) -> Iterator[int]:
         """The replayed layers in order; weights and caches built meanwhile are stamped with
@@ -695,16 +711,37 @@ class _Builder:
 
     # -- inputs -----------------------------------------------------------------------------
 
-    def inp_embd(self, *, scale: bool = False) -> _T:
+    def inp_embd(self, *, scale: bool = False, tok_scale: bool = False) -> _T:
         """build_inp_embd: token rows, plus the unused vector-embedding input (a leaf that is
-        allocated and never freed); Granite scales the rows here."""
+        allocated and never freed); Granite scales the rows here.
+
+        From MIXED_BATCH_BUILD on (`self.mixed_batch`, architectures that allow mixed
+        token/embedding batches) a third select branch is built and allocated, though unused:
+        its own token, slot (i64) and embedding inputs, the token rows (get_rows), a copy of
+        the embedding input (dup) and set_rows into that copy. The set_rows result is a view
+        of the copy that nothing reads, so ggml-alloc never frees the copy: n_embd x n_tokens
+        f32 stays allocated for the whole graph, next to the three inputs. `tok_scale`: the
+        token rows are scaled in here (Gemma 3 from that build on, sqrt(n_embd)): an
+        [1, n_tokens] f32 input and a mul, in place; older builds scale in the model."""
         g, d = self.g, self.d
         tokens = g.input("i32", self.n_tokens)
-        embd = g.get_rows(g.weight(d.n_embd, d.n_vocab), tokens)
+        tok_embd = g.weight(d.n_embd, d.n_vocab)
+        embd = g.get_rows(tok_embd, tokens)
         g.expand(embd)
         g.expand(g.input("f32", d.n_embd, self.n_tokens))
+        mixed = self.mixed_batch and d.arch not in _NO_MIXED_BATCH
+        if mixed:
+            rows = g.get_rows(tok_embd, g.input("i32", self.n_tokens))
+            slots = g.input("i64", self.n_tokens)
+            copy = g.op("dup", g.input("f32", d.n_embd, self.n_tokens))
+            g.expand(g.set_rows(copy, rows, slots))
         if scale:
             embd = g.expand(g.op("scale", embd))
+        if tok_scale:
+            if self.mixed_batch:
+                embd = g.expand(g.op("mul", embd, g.input("f32", 1, self.n_tokens)))
+            else:
+                embd = g.op("scale", embd)
         return embd
 
     def inp_pos(self) -> _T:
@@ -1191,7 +1228,8 @@ def _graph_gemma(b: _Builder) -> None:
     logits with scale/tanh/scale (in place)."""
     d, g = b.d, b.g
     softcap = d.arch == "gemma2"
-    inp = g.op("scale", b.inp_embd())
+    # Gemma 2 scales the embeddings in the model; Gemma 3 in build_inp_embd (tok_scale)
+    inp = g.op("scale", b.inp_embd()) if softcap else b.inp_embd(tok_scale=True)
     for il in b.each_layer():
         cur = b.norm(inp)
         q, k, v = _qkv(b, il, cur)
@@ -1838,13 +1876,20 @@ def graph_fault(meta: ModelMeta, e: Exception) -> SizingError:
 
 
 def compute_buffer_bytes(
-    meta: ModelMeta, r: Resolved, *, backend: str = "CPU", embeddings: bool | None = None
+    meta: ModelMeta,
+    r: Resolved,
+    *,
+    backend: str = "CPU",
+    embeddings: bool | None = None,
+    mixed_batch: bool = False,
 ) -> int:
     """Bytes of llama-server's `sched_reserve: CPU compute buffer size` for this launch.
 
     `embeddings`: the context returns embeddings (`--embedding`); None: embedding and rerank
-    models do. Raises SizingError for another backend, or for an architecture without a
-    layout whose graph the generic one cannot stand for (recurrent, MLA, encoder).
+    models do. `mixed_batch`: the engine's graph has the mixed-batch input branch (builds
+    from MIXED_BATCH_BUILD on; see _Builder.inp_embd). Raises SizingError for another
+    backend, or for an architecture without a layout whose graph the generic one cannot
+    stand for (recurrent, MLA, encoder).
     """
     if backend != "CPU":
         raise SizingError(f"the compute buffer is modelled for the CPU backend only, not {backend}")
@@ -1853,11 +1898,11 @@ def compute_buffer_bytes(
     check_graph_size(meta)
     embd = _is_embedding(meta) if embeddings is None else embeddings
     # the same launch asked again (a slider moved back, a fit search confirming its answer)
-    key = (id(meta), r, embd)
+    key = (id(meta), r, embd, mixed_batch)
     hit = _BYTES_CACHE.get(key)
     if hit is not None and hit[0] is meta:
         return hit[1]
-    build, margin = _layout(meta)
+    build, margin = _layout(meta, mixed_batch=mixed_batch)
     try:
         peak = _reserve_bytes(meta, r, build, embd)
     except GRAPH_FAULTS as e:
@@ -1869,10 +1914,33 @@ def compute_buffer_bytes(
     return result
 
 
-def _layout(meta: ModelMeta) -> tuple[_Build, float]:
+def _layout(meta: ModelMeta, *, mixed_batch: bool = False) -> tuple[_Build, float]:
     """The builder for this model and the margin on its result: none where measured; the
     generic margin for relatives, pre-MLA DeepSeek GGUFs, reranker heads and the generic
-    layout."""
+    layout. `mixed_batch`: the builder as of MIXED_BATCH_BUILD (_mixed_batch)."""
+    build, margin = _layout_of(meta)
+    return (_mixed_batch(build) if mixed_batch else build), margin
+
+
+def _mixed_batch(build: _Build) -> _Build:
+    """`build` with build_inp_embd's mixed-batch branch (_Builder.mixed_batch). One wrapper
+    per family, so the wrapper can key the compiled-walk caches as the family does."""
+    hit = _MIXED_BUILDS.get(build)
+    if hit is not None:
+        return hit
+
+    def wrapped(b: _Builder) -> None:
+        b.mixed_batch = True
+        build(b)
+
+    _MIXED_BUILDS[build] = wrapped
+    return wrapped
+
+
+_MIXED_BUILDS: dict[_Build, _Build] = {}
+
+
+def _layout_of(meta: ModelMeta) -> tuple[_Build, float]:
     arch = meta.architecture
     unmeasured = (meta.mla is not None and not meta.mla.key_length_mla) or (
         meta.pooling == Pooling.RANK

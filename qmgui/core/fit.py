@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from qmgui.core.errors import SizingError
-from qmgui.core.footprint import CPU, DeviceFootprint, Footprint, Gpu, estimate
+from qmgui.core.footprint import CPU, DeviceFootprint, EngineRules, Footprint, Gpu, estimate
 from qmgui.core.launch import CTX_PAD, LaunchSettings
 from qmgui.core.meta import ModelMeta
 from qmgui.core.units import MIB, format_bytes
@@ -25,6 +25,7 @@ from qmgui.core.units import MIB, format_bytes
 # growth is unmeasured, and llama.cpp's own --fit keeps 1024 MiB free beyond its context.
 DEFAULT_GPU_RESERVE = 512 * MIB
 MIN_CONTEXT = CTX_PAD  # the smallest context llama-server pads to
+DEFAULT_RULES = EngineRules()  # frozen: one shared default
 KV_TYPE_LADDER = (("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"))
 
 
@@ -35,6 +36,7 @@ class Budget:
     gpus: tuple[Gpu, ...] = ()
     gpu_reserve: int = DEFAULT_GPU_RESERVE
     host_bytes: int | None = None  # None = host memory is not checked
+    rules: EngineRules = DEFAULT_RULES  # the build's allocation rules (core.build_rules)
 
     def limit(self, device: str) -> int | None:
         if device == CPU:
@@ -68,7 +70,7 @@ def charged(d: DeviceFootprint, settings: LaunchSettings) -> int:
 
 def check(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> FitResult:
     """Plan one launch and say whether it fits, and if not, which device is over by how much."""
-    fp = estimate(meta, settings, budget.gpus)
+    fp = estimate(meta, settings, budget.gpus, rules=budget.rules)
     for d in fp.devices:
         limit = budget.limit(d.name)
         need = charged(d, settings)
@@ -101,7 +103,8 @@ def _fits(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> bool:
     where everything else fits: compute buffers are never negative, so a launch already over
     a limit without them is over it with them. The searches below ask this of every
     candidate; most of those far from the answer are settled without a compute buffer."""
-    if not _within(estimate(meta, settings, budget.gpus, compute=False), settings, budget, {}):
+    cheap = estimate(meta, settings, budget.gpus, compute=False, rules=budget.rules)
+    if not _within(cheap, settings, budget, {}):
         return False
     return check(meta, settings, budget).fits
 
@@ -136,11 +139,11 @@ def max_context(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> Fi
     def fits_at(k: int) -> bool:
         return _fits(meta, at(k), budget)
 
-    high = estimate(meta, at(top), budget.gpus)
+    high = estimate(meta, at(top), budget.gpus, rules=budget.rules)
     extra = {d.name: d.compute for d in high.devices}
 
     def cheap_fits(k: int) -> bool:
-        fp = estimate(meta, at(k), budget.gpus, compute=False)
+        fp = estimate(meta, at(k), budget.gpus, compute=False, rules=budget.rules)
         return _within(fp, at(k), budget, extra)
 
     guess = largest(1, top, cheap_fits) or 1

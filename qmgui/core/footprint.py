@@ -20,11 +20,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from qmgui.core.compute import compute_buffer_bytes
+from qmgui.core.compute import MIXED_BATCH_BUILD, compute_buffer_bytes
 from qmgui.core.errors import SizingError
 from qmgui.core.gguf_tables import GGML_SIZES_BY_NAME
 from qmgui.core.launch import LaunchSettings, Resolved, pad, resolve, row_bytes
-from qmgui.core.meta import ModelMeta, Pooling, TensorEntry
+from qmgui.core.meta import DSV4_CSA_RATIO, DSV4_HCA_RATIO, ModelMeta, Pooling, TensorEntry
 from qmgui.core.sched import Offload, sched_compute_bytes
 from qmgui.core.units import MIB, format_bytes
 
@@ -338,17 +338,30 @@ class EngineRules:
         # before ~b7832 an MLA cache also held a V row of kv_lora_rank (SIZING.md)
         return self.build is not None and self.build < 7832
 
+    @property
+    def mixed_batch(self) -> bool:
+        """build_inp_embd builds (and ggml-alloc keeps) the mixed token/embedding branch:
+        from core.compute.MIXED_BATCH_BUILD on. Opt-in: None keeps the test engine's graph
+        (b10435), which the measured fixtures pin."""
+        return self.build is not None and self.build >= MIXED_BATCH_BUILD
+
 
 def kv_layers(meta: ModelMeta) -> list[int]:
     """Layers that keep attention KV: attention heads, not recurrent, not sharing KV."""
     if meta.architecture in NO_MEMORY_ARCHS:
         return []
     n_kv_own = meta.n_layer - meta.shared_kv_layers
+    arch = meta.architecture
+    # llama_model::create_memory's hybrid filters: falcon-h1 keeps KV in every layer beside its
+    # SSM state; nemotron_h only in layers with no feed-forward (`!is_recr(il) && n_ff(il) == 0`)
+    both = arch == "falcon-h1"
+    ff_free = arch in ("nemotron_h", "nemotron_h_moe")
     return [
         il
         for il in range(meta.n_layer)
         if meta.n_head_kv[il] > 0
-        and not (meta.recurrent_layers and meta.recurrent_layers[il])
+        and (both or not (meta.recurrent_layers and meta.recurrent_layers[il]))
+        and not (ff_free and meta.n_ff and meta.n_ff[il])
         and il < n_kv_own
     ]
 
@@ -371,6 +384,8 @@ def _head_dims(meta: ModelMeta) -> tuple[int, int]:
 def kv_bytes_per_layer(
     meta: ModelMeta, r: Resolved, rules: EngineRules = EngineRules()
 ) -> dict[int, int]:
+    if meta.architecture == "deepseek4" and meta.compress_ratios:
+        return _dsv4_kv_bytes(meta, r)
     layers = kv_layers(meta)
     hk, hv = _head_dims(meta)
     # a re-converted MLA GGUF (with key_length_mla) caches one latent per token
@@ -388,6 +403,42 @@ def kv_bytes_per_layer(
             width = hv * meta.n_head_kv[il] if r.flash_attn else v_max
             v = row_bytes(r.cache_type_v, width) * cells
         out[il] = k + v
+    if meta.indexer_dim and meta.architecture not in NO_MEMORY_ARCHS:
+        # the sparse-attention indexer's own cache: one key head per cell (and a V row where
+        # the model is not MLA), in the cache types of K and V
+        for il, own in enumerate(meta.indexer_layers):
+            if not own:
+                continue
+            cells = kv_cells(meta, r, il) * r.n_stream
+            n = row_bytes(r.cache_type_k, meta.indexer_dim) * cells
+            if meta.indexer_v_dim:
+                n += row_bytes(r.cache_type_v, meta.indexer_v_dim) * cells
+            out[il] = out.get(il, 0) + n
+    return out
+
+
+def _dsv4_kv_bytes(meta: ModelMeta, r: Resolved) -> dict[int, int]:
+    """DeepSeek-V4's caches (llama-kv-cache-dsv4.cpp), K only, one stream per sequence even
+    when the server's cache is unified: the raw sliding-window cache of every layer (an iswa
+    cache of n_swa + n_ubatch cells), and on compressing layers a cache of one entry per
+    `ratio` cells (padded to 256), which on CSA layers the indexer's key cache shares.
+    The compressor states beside them are separate buffers, not counted here."""
+    n_stream = r.n_seq
+    base = r.n_ctx_seq
+    swa = base if r.swa_full else pad(min(base, (meta.sliding_window or 0) + r.n_ubatch), 256)
+    hk = meta.head_dim_k or 0
+    out: dict[int, int] = {}
+    for il in kv_layers(meta):
+        width = row_bytes(r.cache_type_k, hk * meta.n_head_kv[il])
+        slides = bool(meta.swa_layers and meta.swa_layers[il] and meta.sliding_window)
+        n = width * (swa if slides else base)
+        ratio = meta.compress_ratios[il] if il < len(meta.compress_ratios) else 0
+        if ratio in (DSV4_CSA_RATIO, DSV4_HCA_RATIO):
+            comp = pad(max(1, -(-base // ratio)), 256)
+            n += width * comp
+            if meta.indexer_layers and meta.indexer_layers[il]:
+                n += row_bytes(r.cache_type_k, meta.indexer_dim) * comp
+        out[il] = n * n_stream
     return out
 
 
@@ -397,6 +448,13 @@ def recurrent_row_floats(meta: ModelMeta) -> tuple[int, int]:
         return (meta.rwkv.token_shift_count * meta.n_embd, meta.n_embd * meta.rwkv.head_size)
     if meta.shortconv_l_cache:
         return (meta.n_embd * (meta.shortconv_l_cache - 1), 0)
+    la = meta.linear_attn
+    if la is not None:
+        # llama_hparams::n_embd_r / n_embd_s: KDA convolves Q, K and V (d_conv - 1, 3 when
+        # unset) over n_head() x head_dim; both keep a head_dim x head_dim state per head
+        d_inner = la.n_head * la.head_dim
+        conv = 3 * (la.conv_kernel - 1 if la.conv_kernel > 0 else 3) * d_inner if la.kda else 0
+        return (conv, la.head_dim * la.head_dim * la.n_head)
     if meta.ssm is not None:
         ssm = meta.ssm
         conv = max(ssm.conv_kernel - 1, 0) * (ssm.inner_size + 2 * ssm.group_count * ssm.state_size)
@@ -410,7 +468,11 @@ def recurrent_bytes_per_layer(meta: ModelMeta, r: Resolved) -> dict[int, int]:
     rows = max(1, r.n_seq)
     conv, state = recurrent_row_floats(meta)
     per = (conv + state) * 4 * rows  # both states are F32
-    return {il: per for il, rec in enumerate(meta.recurrent_layers) if rec}
+    out = {il: per for il, rec in enumerate(meta.recurrent_layers) if rec}
+    for il, ple in enumerate(meta.ple_layers):
+        if ple and il in out:  # a PLE layer's n-gram conv history, F32, beside its states
+            out[il] += meta.ple_conv_floats * 4 * rows
+    return out
 
 
 def output_bytes(meta: ModelMeta, r: Resolved, *, embeddings: bool) -> int:
@@ -470,7 +532,14 @@ def estimate(
         notes.append("the projector's image warm-up compute buffer is not estimated")
     if compute:
         found = _compute(
-            meta, r, layer_dev, embeddings=embeddings, notes=notes, gpus=gpus, settings=settings
+            meta,
+            r,
+            layer_dev,
+            embeddings=embeddings,
+            notes=notes,
+            gpus=gpus,
+            settings=settings,
+            mixed_batch=rules.mixed_batch,
         )
         for dev, n in found.items():
             add(dev, "compute", n)
@@ -526,6 +595,7 @@ def _compute(
     notes: list[str],
     gpus: Sequence[Gpu] = (),
     settings: LaunchSettings = LaunchSettings(),  # noqa: B008 - frozen, shared safely
+    mixed_batch: bool = False,
 ) -> dict[str, int]:
     """Compute buffers: one per backend that runs part of the graph.
 
@@ -538,7 +608,7 @@ def _compute(
     remote (RPC) devices do not.
     """
     try:
-        graph = compute_buffer_bytes(meta, r, embeddings=embeddings)
+        graph = compute_buffer_bytes(meta, r, embeddings=embeddings, mixed_batch=mixed_batch)
     except SizingError as e:
         notes.append(f"compute buffer not estimated: {e}")
         return {}
@@ -564,6 +634,7 @@ def _compute(
             embeddings=embeddings,
             notes=notes,
             s=settings,
+            mixed_batch=mixed_batch,
         )
     notes.append("GPU compute buffers are estimated from the CPU graph (not measured on a GPU)")
     # the copy is the local GPU backends' choice (offload_op); an RPC device gets none
@@ -590,6 +661,7 @@ def _one_gpu(
     embeddings: bool,
     notes: list[str],
     s: LaunchSettings,
+    mixed_batch: bool = False,
 ) -> dict[str, int]:
     """One local GPU and the host: the scheduler's walk (core.sched). `older` is the CPU
     graph plus the largest CPU-resident weight, the figure used before the walk existed."""
@@ -603,7 +675,9 @@ def _one_gpu(
         output_on_host=layer_dev[n] == CPU,
     )
     try:
-        found = sched_compute_bytes(meta, r, offload, embeddings=embeddings)
+        found = sched_compute_bytes(
+            meta, r, offload, embeddings=embeddings, mixed_batch=mixed_batch
+        )
     except SizingError as e:
         notes.append(f"compute buffer not estimated: {e}")
         return {}

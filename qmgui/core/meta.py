@@ -144,6 +144,17 @@ class SsmDims:
 
 
 @dataclass(frozen=True)
+class LinearAttnDims:
+    """Kimi delta attention (KDA: kimi-linear, kimi-k3, bailingmoe3, glm5-next) or MiniMax-01
+    lightning attention: a head_dim x head_dim state per head (llama-hparams.cpp n_embd_s)."""
+
+    head_dim: int  # {arch}.kda.head_dim; MiniMax-01: the attention key length
+    n_head: int  # llama.cpp sizes the state with n_head(), layer 0's head count
+    conv_kernel: int  # KDA's Q, K and V short convolutions (ssm.conv_kernel); 0: none
+    kda: bool  # KDA keeps conv states; lightning attention keeps none
+
+
+@dataclass(frozen=True)
 class RwkvDims:
     head_size: int
     token_shift_count: int
@@ -179,6 +190,20 @@ class ModelMeta:
     nextn_layers: int = 0  # MTP / NextN blocks, counted inside n_layer
     ssm: SsmDims | None = None
     rwkv: RwkvDims | None = None
+    linear_attn: LinearAttnDims | None = None
+    # sparse-attention indexers (DeepSeek-V3.2 DSA, GLM-DSA, MiniMax-M3 MSA, k-pool indexers):
+    # a key cache of `indexer_dim` values per cell (and a V row of `indexer_v_dim`) in each
+    # layer flagged in `indexer_layers`, beside the attention KV
+    indexer_dim: int = 0
+    indexer_v_dim: int = 0
+    indexer_layers: tuple[bool, ...] = ()
+    # qwen4exp's PLE n-gram convolution history: floats per sequence, kept in the recurrent
+    # state of the layers flagged here (llama_hparams::ple_conv_state, is_ple)
+    ple_conv_floats: int = 0
+    ple_layers: tuple[bool, ...] = ()
+    # DeepSeek-V4: per layer, how many tokens one compressed KV entry stands for (0: none; 4:
+    # CSA with a lightning indexer, 128: HCA), attention.compress_ratios
+    compress_ratios: tuple[int, ...] = ()
     recurrent_layers: tuple[bool, ...] = ()  # per layer: True where the layer keeps a state
     shortconv_l_cache: int | None = None  # LFM2 short-convolution cache length
     shared_kv_layers: int = 0  # Gemma 3n: trailing layers that reuse earlier KV
@@ -303,9 +328,14 @@ HYBRID_BY_KV_ARCHS = frozenset(
         "nemotron_h",
         "nemotron_h_moe",
         "kimi-linear",
+        "kimi-k3",
+        "bailingmoe3",
+        "glm5-next",
     }
 )
 INTERVAL_HYBRID_ARCHS = frozenset({"qwen3next", "qwen35", "qwen35moe", "qwen4exp", "minimax-01"})
+# architectures whose recurrent layers are Kimi delta attention ({arch}.kda.head_dim)
+KDA_ARCHS = frozenset({"kimi-linear", "kimi-k3", "bailingmoe3", "glm5-next"})
 MLA_ARCHS = frozenset(
     {"deepseek2", "deepseek2ocr", "kimi-linear", "minicpm3", "glm-dsa", "mistral4"}
 )
@@ -432,7 +462,9 @@ def _layer_bytes(tensors: Sequence[TensorInfo], n_layer: int) -> tuple[tuple[int
 def _swa_layers(
     k: _Keys, arch: str, n_layer: int, n_swa: int | None, kv: tuple[int, ...]
 ) -> tuple[bool, ...]:
-    if not n_swa:
+    if not n_swa or (arch == "exaone4" and n_layer != 64):
+        # exaone4: llama.cpp slides only in the 32B (64 layers; models/exaone4.cpp), the
+        # others keep full attention whatever their sliding_window says
         return (False,) * n_layer
     pattern = k.raw("attention.sliding_window_pattern")
     if isinstance(pattern, tuple) and pattern:
@@ -461,11 +493,18 @@ def _recurrent_layers(
     if arch in PURE_RECURRENT_ARCHS:
         return (True,) * n_layer
     if arch in INTERVAL_HYBRID_ARCHS:
-        arr = k.raw("recurrent_layers")
+        # llama.cpp reads {arch}.attention.recurrent_layers (models/qwen35.cpp: get_key_or_arr
+        # LLM_KV_ATTENTION_RECURRENT_LAYERS), else full_attention_interval
+        arr = k.raw("attention.recurrent_layers")
         if isinstance(arr, tuple) and arr:
             flags = tuple(bool(x) for x in arr)
             return (flags + (False,) * n_layer)[:n_layer]
-        interval = k.get_int("full_attention_interval", 4, hi=MAX_LAYERS, unit="layers") or 4
+        if isinstance(arr, (bool, int)):
+            return (bool(arr),) * n_layer  # one value for every layer
+        default = 8 if arch == "minimax-01" else 4  # models/minimax-01.cpp: 8
+        interval = (
+            k.get_int("full_attention_interval", default, hi=MAX_LAYERS, unit="layers") or default
+        )
         return tuple((il + 1) % interval != 0 for il in range(n_layer))
     if arch in ("nemotron_h", "nemotron_h_moe"):
         # attention layers have KV heads, MLP-only layers have a feed-forward, the rest are SSM
@@ -507,7 +546,9 @@ def _mla_dims(k: _Keys, arch: str, warnings: list[str]) -> MlaDims | None:
         return None
 
     def head(key: str) -> int | None:
-        return k.get_int(key, hi=MAX_HEAD_DIM, unit="values per head")
+        # a key written as 0 is no value: llama.cpp's is_mla() needs key_length_mla and
+        # value_length_mla both non-zero, else it caches full K and V (llama-hparams.cpp)
+        return k.get_int(key, hi=MAX_HEAD_DIM, unit="values per head") or None
 
     mla = MlaDims(
         kv_lora_rank=kv_lora,
@@ -537,6 +578,135 @@ def _ssm_dims(k: _Keys) -> SsmDims | None:
         group_count=width("ssm.group_count"),
         time_step_rank=k.get_int("ssm.time_step_rank", hi=MAX_WIDTH, unit="values"),
     )
+
+
+def _linear_attn_dims(
+    k: _Keys, arch: str, n_head: tuple[int, ...], head_dim_k: int | None
+) -> LinearAttnDims | None:
+    """KDA (models/kimi-linear.cpp: get_key LLM_KV_KDA_HEAD_DIM) or MiniMax-01 lightning
+    attention (models/minimax-01.cpp: n_embd_head_la = n_embd_head_k_full)."""
+    heads = n_head[0] if n_head else 0
+    if arch in KDA_ARCHS:
+        head = k.get_int("kda.head_dim", 0, hi=MAX_HEAD_DIM, unit="values per head") or 0
+        conv = k.get_int("ssm.conv_kernel", 0, hi=MAX_SMALL, unit="values") or 0
+        return LinearAttnDims(head, heads, conv, kda=True) if head else None
+    if arch == "minimax-01" and head_dim_k:
+        return LinearAttnDims(head_dim_k, heads, 0, kda=False)
+    return None
+
+
+INDEXER_ARCHS = frozenset(
+    {
+        "deepseek32",
+        "deepseek4",
+        "glm-dsa",
+        "dots3note",
+        "hy_v4",
+        "minimax-m3",
+        "glm5-next",
+        "qwen4exp",
+    }
+)
+DSV4_CSA_RATIO = 4  # llama-kv-cache-dsv4.cpp: compressed sparse attention (with an indexer)
+DSV4_HCA_RATIO = 128  # heavily compressed attention
+
+
+def _indexer_types(k: _Keys, n_layer: int, default: Sequence[bool]) -> tuple[bool, ...]:
+    """{arch}.attention.indexer.types: which layers own an indexer ("full"), a scalar or a
+    per-layer array (get_key_or_arr), else `default`."""
+    v = k.raw("attention.indexer.types")
+    if isinstance(v, tuple) and v:
+        flags = tuple(bool(x) for x in v)
+        return (flags + (False,) * n_layer)[:n_layer]
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return (bool(v),) * n_layer
+    return tuple(default)
+
+
+def _indexer(
+    k: _Keys,
+    arch: str,
+    n_layer: int,
+    *,
+    recurrent: tuple[bool, ...],
+    mla: MlaDims | None,
+    head_dim_v: int | None,
+) -> tuple[int, int, tuple[bool, ...]]:
+    """(key values per cell, V values per cell, layers) of the indexer cache llama.cpp keeps
+    beside the attention KV (llama_model::create_memory; llama-kv-cache-dsa.cpp,
+    llama-kv-cache-msa.cpp, llama-memory-hybrid-idx.cpp): one key head of
+    indexer.key_length per layer (a k-pool indexer keeps kpool_row of them side by side)."""
+    head = k.get_int("attention.indexer.key_length", 0, hi=MAX_HEAD_DIM, unit="values") or 0
+    layers = _indexer_layers(k, arch, n_layer, recurrent) if head else None
+    if layers is None:
+        return 0, 0, ()
+    if arch == "glm5-next":
+        # key | gate | pooled key side by side (indexer_kpool_row 3)
+        kpool = k.get_int("attention.indexer.kpool", 0, hi=MAX_CONTEXT, unit="tokens") or 0
+        return head * (3 if kpool > 0 else 1), 0, layers
+    if arch == "qwen4exp":
+        # raw key | pooled key (kpool_row 2) when a layer compresses
+        ratios = k.raw("attention.compress_ratios")
+        vals = ratios if isinstance(ratios, tuple) else (ratios,)
+        kpool = any(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in vals)
+        return head * (2 if kpool else 1), 0, layers
+    # an MLA model's caches keep no V (is_mla: key_length_mla and value_length_mla set)
+    is_mla = mla is not None and bool(mla.key_length_mla) and bool(mla.value_length_mla)
+    return head, 0 if is_mla else (head_dim_v or 0), layers
+
+
+def _indexer_layers(
+    k: _Keys, arch: str, n_layer: int, recurrent: tuple[bool, ...]
+) -> tuple[bool, ...] | None:
+    """The layers create_memory's indexer filter keeps (None: no indexer cache)."""
+    if arch not in INDEXER_ARCHS:
+        return None
+    trunk = n_layer - (k.get_int("nextn_predict_layers", 0, hi=MAX_LAYERS, unit="layers") or 0)
+    rec = recurrent or (False,) * n_layer
+    if arch == "glm-dsa":
+        # models/glm-dsa.cpp: every layer before GLM 5.2 (trained context < 1M), else its
+        # pattern (layers 0, 1, then every fourth from 2, over 78 layers)
+        ctx = k.get_int("context_length", 0, hi=MAX_CONTEXT, unit="tokens") or 0
+        default = tuple(
+            ctx < 1048576 or (il < 78 and (il < 2 or (il - 2) % 4 == 0)) for il in range(n_layer)
+        )
+    else:
+        default = (arch == "glm5-next",) * n_layer
+    types = _indexer_types(k, n_layer, default)
+    if arch == "hy_v4":
+        # a full-attention checkpoint (no top_k) has no indexer cache
+        top_k = k.get_int("attention.indexer.top_k", 0, hi=MAX_CONTEXT, unit="tokens")
+        return types if top_k else None
+    if arch == "minimax-m3":
+        lead = k.get_int("leading_dense_block_count", 0, hi=MAX_LAYERS, unit="layers") or 0
+        return tuple(il >= lead for il in range(n_layer))
+    if arch == "deepseek4":
+        # llama-kv-cache-dsv4.cpp: the lightning indexer's cache sits on the CSA layers
+        ratios = k.per_layer("attention.compress_ratios", n_layer, hi=MAX_CONTEXT, unit="tokens")
+        return tuple(x == DSV4_CSA_RATIO for x in ratios)
+    if arch in ("deepseek32", "qwen4exp"):
+        types = (True,) * n_layer
+    # glm5-next, qwen4exp: the attention layers only (recurrent ones keep none)
+    return tuple(il < trunk and types[il] and not rec[il] for il in range(n_layer))
+
+
+def _ple_state(k: _Keys, arch: str, n_layer: int, n_embd: int) -> tuple[int, tuple[bool, ...]]:
+    """models/qwen4exp.cpp: ple.layers lists the PLE layer; its conv history holds
+    (ple.conv_kernel - 1) x ple.ngram_size x hyper_connection.count x n_embd floats."""
+    layers = k.raw("ple.layers")
+    if arch != "qwen4exp" or not isinstance(layers, tuple) or not layers:
+        return 0, ()
+    flags = [False] * n_layer
+    for i, x in enumerate(layers):
+        il = k.element("ple.layers", i, x, MAX_LAYERS, "layers")
+        if il < n_layer:
+            flags[il] = True
+    kernel = k.get_int("ple.conv_kernel", 0, hi=MAX_SMALL, unit="values") or 0
+    ngram = k.get_int("ple.ngram_size", 0, hi=MAX_SMALL, unit="tokens") or 0
+    hc = k.get_int("hyper_connection.count", 0, hi=MAX_SMALL, unit="streams") or 0
+    if not (kernel and ngram and hc):
+        return 0, ()
+    return (kernel - 1) * ngram * hc * n_embd, tuple(flags)
 
 
 def _rwkv_dims(k: _Keys) -> RwkvDims | None:
@@ -683,6 +853,10 @@ def _meta_from_gguf(
     def count(key: str, hi: int, unit: str) -> int:
         return k.get_int(key, 0, hi=hi, unit=unit) or 0
 
+    recurrent_layers = _recurrent_layers(k, arch, n_layer, n_head_kv, n_ff)
+    indexer = _indexer(k, arch, n_layer, recurrent=recurrent_layers, mla=mla, head_dim_v=head_dim_v)
+    ple = _ple_state(k, arch, n_layer, n_embd)
+
     meta = ModelMeta(
         format="gguf",
         architecture=arch,
@@ -710,7 +884,18 @@ def _meta_from_gguf(
         nextn_layers=count("nextn_predict_layers", MAX_LAYERS, "layers"),
         ssm=ssm,
         rwkv=rwkv,
-        recurrent_layers=_recurrent_layers(k, arch, n_layer, n_head_kv, n_ff),
+        linear_attn=_linear_attn_dims(k, arch, n_head, head_dim_k),
+        indexer_dim=indexer[0],
+        indexer_v_dim=indexer[1],
+        indexer_layers=indexer[2],
+        ple_conv_floats=ple[0],
+        ple_layers=ple[1],
+        compress_ratios=k.per_layer(
+            "attention.compress_ratios", n_layer, hi=MAX_CONTEXT, unit="tokens"
+        )
+        if arch == "deepseek4" and k.raw("attention.compress_ratios") is not None
+        else (),
+        recurrent_layers=recurrent_layers,
         shortconv_l_cache=k.get_int("shortconv.l_cache", hi=MAX_SMALL, unit="tokens"),
         shared_kv_layers=count("attention.shared_kv_layers", MAX_LAYERS, "layers"),
         pooling=pooling,

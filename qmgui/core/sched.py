@@ -123,19 +123,25 @@ class SchedBytes:
 
 
 def sched_compute_bytes(
-    meta: ModelMeta, r: Resolved, offload: Offload, *, embeddings: bool | None = None
+    meta: ModelMeta,
+    r: Resolved,
+    offload: Offload,
+    *,
+    embeddings: bool | None = None,
+    mixed_batch: bool = False,
 ) -> SchedBytes:
     """The compute buffers of one GPU and of the host for this launch (see the module doc).
+    `mixed_batch`: the graph as of `core.compute.MIXED_BATCH_BUILD` (see compute_buffer_bytes).
     Raises SizingError where `core.compute` has no layout for the architecture."""
     if meta.n_layer <= 0 or meta.n_embd <= 0:
         raise SizingError(f"{meta.name}: no layer count or embedding width in the header")
     check_graph_size(meta)
     embd = _is_embedding(meta) if embeddings is None else embeddings
-    key = (id(meta), r, offload, embd)
+    key = (id(meta), r, offload, embd, mixed_batch)
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is meta:
         return hit[1]
-    build, margin = _layout(meta)
+    build, margin = _layout(meta, mixed_batch=mixed_batch)
     try:
         gpu, host = _peaks(meta, r, offload, build, embd)
         gdn_on_host = meta.architecture in _GDN_ARCHS and bool(

@@ -16,6 +16,7 @@ from typing import Any
 
 from qmgui import notify
 from qmgui.core import backends as registry
+from qmgui.core.build_rules import build_number, rules_for
 from qmgui.core.discovery import ModelEntry
 from qmgui.core.emit import Command, DevicePin, EmitError, flags_from_probe, skipped
 from qmgui.core.emit import custom as emit_custom
@@ -74,6 +75,7 @@ class Target:
     variant: str | None = None
     template: str | None = None  # a custom backend's command template
     notes: tuple[str, ...] = ()
+    build: int | None = None  # the llama.cpp build (bNNNN) its --version names; None: unknown
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -103,9 +105,9 @@ class Resolver:
     backend_arg: str | None = None
     engine: str | None = None
     probe: bool = True
-    _probed: dict[str, tuple[frozenset[str] | None, frozenset[str], tuple[str, ...]]] = field(
-        default_factory=dict
-    )
+    _probed: dict[
+        str, tuple[frozenset[str] | None, frozenset[str], tuple[str, ...], int | None]
+    ] = field(default_factory=dict)
 
     @property
     def backends(self) -> tuple[registry.Backend, ...]:
@@ -191,17 +193,21 @@ class Resolver:
         if exe not in self._probed:
             from qmgui.engines.probe import probe  # noqa: PLC0415 - only when probing
 
-            result = probe(exe, kind="llama", commands=[("--help",)], timeout_s=PROBE_TIMEOUT_S)
+            result = probe(
+                exe, kind="llama", commands=[("--version",), ("--help",)],
+                timeout_s=PROBE_TIMEOUT_S,
+            )  # fmt: skip
             supported, valueless = flags_from_probe(result)
             notes: tuple[str, ...] = ()
             if supported is None:
                 why = str(result.failure) if result.failure else "it listed no options"
                 notes = (f"could not read {exe} --help ({why}); assuming it knows every flag",)
-            self._probed[exe] = (supported, valueless, notes)
-        supported, valueless, notes = self._probed[exe]
+            build = build_number(result.build, result.commit)
+            self._probed[exe] = (supported, valueless, notes, build)
+        supported, valueless, notes, build = self._probed[exe]
         if supported is None:
-            return replace(target, notes=(*target.notes, *notes))
-        return replace(target, supported=supported, valueless=valueless)
+            return replace(target, notes=(*target.notes, *notes), build=build)
+        return replace(target, supported=supported, valueless=valueless, build=build)
 
 
 def kind_for(entry: ModelEntry, *, executable: str | None = None) -> str:
@@ -251,6 +257,7 @@ class Request:
     given: frozenset[str] = frozenset()
     # vLLM values given explicitly (profile field names: gpu_memory_utilization, …)
     vllm: Mapping[str, object] = field(default_factory=dict)
+    build: int | None = None  # the llama.cpp build that runs it, once resolved (its rules)
 
 
 METRICS_FLAG = "--metrics"
@@ -319,7 +326,7 @@ def emit_model(
             **common,
         )
         if req.estimate and entry.meta is not None and cmd.runnable:
-            comments = _llama_estimate(entry, settings, req)
+            comments = _llama_estimate(entry, settings, req, target.build)
     elif target.kind == "vllm":
         pins = {**profile, **req.vllm, "ctx_size": settings.ctx_size}
         cmd, comments, vllm_plan = _vllm(
@@ -348,10 +355,14 @@ def emit_model(
     return Emitted(cmd, target, health, tuple(comments), vllm_plan)
 
 
-def _llama_estimate(entry: ModelEntry, settings: LaunchSettings, req: Request) -> list[str]:
+def _llama_estimate(
+    entry: ModelEntry, settings: LaunchSettings, req: Request, build: int | None
+) -> list[str]:
     assert entry.meta is not None
+    rules, _ = rules_for(build)  # the rules of the build the command runs
+    budget = Budget(gpus=req.gpus, gpu_reserve=req.reserve, rules=rules)
     try:
-        result = check(entry.meta, settings, Budget(gpus=req.gpus, gpu_reserve=req.reserve))
+        result = check(entry.meta, settings, budget)
     except SizingError as e:
         return [f"VRAM not estimated: {e}"]
     lines = [footprint_comment(result.footprint)]

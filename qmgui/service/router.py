@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from qmgui.core.build_rules import rules_for
 from qmgui.core.discovery import ModelEntry
 from qmgui.core.emit import DevicePin, EmitError
 from qmgui.core.errors import SizingError
@@ -133,7 +134,7 @@ def plan_router(
         executables.append(target.executable)
         builds.add(target.supported)
         try:
-            fp = estimate(entry.meta, item.settings, req.gpus)
+            fp = estimate(entry.meta, item.settings, req.gpus, rules=rules_for(target.build)[0])
         except SizingError:
             fp = None
         sized.append(Sized(entry.name, item.settings, fp))

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, replace
 
 from qmgui.core.bench import BenchResult, settings_key
+from qmgui.core.build_rules import rules_for
 from qmgui.core.discovery import ModelEntry
 from qmgui.core.emit import Command, EmitError, skipped, split_args
 from qmgui.core.errors import SizingError
@@ -219,7 +220,10 @@ def plan_model(
         # as the engine numbers them: this machine's NVML index, else the card's position
         indices = [gpu_index(g.name) for g in sized.gpus]
         devices = tuple(i if n is None else n for i, n in zip(gpu_subset, indices, strict=True))
-    budget = budget_for(sized, reserve_mib)
+    # sized by the rules of the build that will run it (its probed --version)
+    build = target.build if target is not None and not isinstance(target, str) else None
+    rules, rules_note = rules_for(build)
+    budget = replace(budget_for(sized, reserve_mib), rules=rules)
     fit: FitResult | None = None
     error: str | None = None
     sized_settings, disk = disk_advice(entry, settings, given)  # a network disk: --no-mmap
@@ -227,6 +231,10 @@ def plan_model(
         assert entry.meta is not None
         try:
             fit = with_disk_note(check(entry.meta, sized_settings, budget), disk)
+            if rules_note:
+                fit = replace(
+                    fit, footprint=replace(fit.footprint, notes=(*fit.footprint.notes, rules_note))
+                )
             if not fit.fits:
                 fit = replace(fit, nearest=nearest_fit(entry.meta, sized_settings, budget))
         except SizingError as e:

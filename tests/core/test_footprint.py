@@ -269,6 +269,30 @@ def test_old_builds_keep_a_v_cache_for_mla() -> None:
     assert kv_bytes_per_layer(m, r, EngineRules(build=9000))[0] == 1024 * 576 * 2
 
 
+def test_builds_from_b11434_keep_the_mixed_batch_inputs() -> None:
+    """EngineRules(build) from MIXED_BATCH_BUILD on predicts the graph with build_inp_embd's
+    mixed token/embedding branch (core.compute); None and older builds keep the test
+    engine's graph. The kept copy alone is n_embd x n_ubatch f32."""
+    from qmgui.core.compute import MIXED_BATCH_BUILD
+    from qmgui.core.footprint import EngineRules
+
+    assert MIXED_BATCH_BUILD == 11434
+    assert not EngineRules().mixed_batch
+    assert not EngineRules(build=10435).mixed_batch
+    assert EngineRules(build=11434).mixed_batch and EngineRules(build=12000).mixed_batch
+    m = make_meta()
+    s = LaunchSettings(ctx_size=1024, parallel=1)
+    older = estimate(m, s).host.compute
+    assert estimate(m, s, rules=EngineRules(build=10435)).host.compute == older
+    newer = estimate(m, s, rules=EngineRules(build=11434)).host.compute
+    assert newer >= older + m.n_embd * 512 * 4
+    gpu = (Gpu("GPU0", 24 * GIB, backend="vulkan"),)
+    part = LaunchSettings(ctx_size=1024, parallel=1, n_gpu_layers=2)
+    old_fp = estimate(m, part, gpu)
+    new_fp = estimate(m, part, gpu, rules=EngineRules(build=11434))
+    assert new_fp.host.compute >= old_fp.host.compute
+
+
 def test_projector_weights_go_to_the_first_gpu() -> None:
     proj = make_meta(architecture="clip", model_class=ModelClass.PROJECTOR, weight_bytes=5000)
     gpus = (Gpu("GPU0", 24 * GIB), Gpu("GPU1", 24 * GIB))

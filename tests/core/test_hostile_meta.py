@@ -270,6 +270,7 @@ ARCH_KEYS = (
     "attention.shared_kv_layers",
     "full_attention_interval",
     "recurrent_layers",
+    "attention.recurrent_layers",
     "pooling_type",
     "attention.causal",
 )

