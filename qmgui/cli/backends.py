@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any, TextIO
 
 from qmgui import notify
@@ -40,6 +39,7 @@ from qmgui.service.backends import (
     executable_warning,
     new_backend_problem,
     stored_executable,
+    with_probe,
 )
 from qmgui.settings import BackendEntry, LoadResult, Settings, load_settings, update_settings
 
@@ -322,13 +322,7 @@ def _probed(b: Backend) -> Backend:
         notify.warning(f"probing {b.executable} failed: {result.summary()}", source=SOURCE)
         return b
     notify.info(f"{b.id}: {result.summary()}", source=SOURCE)
-    return replace(
-        b,
-        version=result.version or b.version,
-        build=result.build if result.build is not None else b.build,
-        variant=b.variant or result.variant,
-        capabilities={**b.capabilities, **result.capabilities()},
-    )
+    return with_probe(b, result)
 
 
 # --- remove ---------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Sequence
+from dataclasses import replace
 
 from qmgui.core.backends import (
     CLASSES,
@@ -16,6 +17,8 @@ from qmgui.core.backends import (
     kind_classes,
     sort_classes,
 )
+from qmgui.core.build_rules import build_number
+from qmgui.core.probe import ProbeResult
 
 PROBE_TIMEOUT_S = 10.0  # per run of --version/--help/--list-devices
 
@@ -76,3 +79,19 @@ def executable_warning(exe: str) -> str | None:
     if not os.access(exe, os.X_OK):
         return f"{exe} is not executable; the backend will not start until it is (chmod +x)"
     return None
+
+
+def with_probe(b: Backend, result: ProbeResult) -> Backend:
+    """`b` with what a successful probe found: version, the llama.cpp build (bNNNN, from the
+    version line: `core.build_rules.build_number`), variant (the user's wins) and capabilities.
+    A failed probe leaves `b` as it was."""
+    if not result.ok:
+        return b
+    build = build_number(result.build, result.commit)
+    return replace(
+        b,
+        version=result.version or b.version,
+        build=build if build is not None else b.build,
+        variant=b.variant or result.variant,
+        capabilities={**b.capabilities, **result.capabilities()},
+    )

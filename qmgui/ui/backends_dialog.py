@@ -84,6 +84,7 @@ from qmgui.service.backends import (
     executable_warning,
     new_backend_problem,
     stored_executable,
+    with_probe,
 )
 from qmgui.settings import BackendEntry, LoadResult, load_settings, save_changes
 from qmgui.ui.workers import LatestWins
@@ -105,19 +106,6 @@ def _default_prober(executable: str, kind: str) -> ProbeResult:
 
     return probe(executable, kind=kind, timeout_s=PROBE_TIMEOUT_S)
 
-
-def with_probe(b: Backend, result: ProbeResult) -> Backend:
-    """`b` with what a successful probe found (as `qmgui backends add` stores it): version,
-    build, variant (the user's wins) and capabilities. A failed probe leaves `b` as it was."""
-    if not result.ok:
-        return b
-    return replace(
-        b,
-        version=result.version or b.version,
-        build=result.build if result.build is not None else b.build,
-        variant=b.variant or result.variant,
-        capabilities={**b.capabilities, **result.capabilities()},
-    )
 
 
 def probe_report(result: ProbeResult) -> str:

@@ -47,6 +47,7 @@ from PySide6.QtWidgets import (
 from qmgui import notify
 from qmgui.core.backends import resolve_backend
 from qmgui.core.bench import measured_words
+from qmgui.core.build_rules import rules_for
 from qmgui.core.discovery import ModelEntry, ScanResult
 from qmgui.core.fit import FitResult
 from qmgui.core.launch import LaunchSettings
@@ -936,7 +937,8 @@ class MainWindow(QMainWindow):
                     continue
                 choice = resolve_backend(e, registry, pin=pins.get(e.id))
                 variant = choice.backend.variant if choice.backend else None
-                badges[e.id] = fit_badge(e, for_variant(hw, variant), reserve)
+                rules, _ = rules_for(choice.backend.build if choice.backend else None)
+                badges[e.id] = fit_badge(e, for_variant(hw, variant), reserve, rules=rules)
                 label = (
                     choice.backend.id
                     if choice.backend

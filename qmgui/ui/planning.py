@@ -17,6 +17,7 @@ from qmgui.core.discovery import ModelEntry
 from qmgui.core.emit import Command, EmitError, skipped, split_args
 from qmgui.core.errors import SizingError
 from qmgui.core.fit import (
+    DEFAULT_RULES,
     Budget,
     FitResult,
     check,
@@ -24,6 +25,7 @@ from qmgui.core.fit import (
     nearest_fit,
     offload_for_context,
 )
+from qmgui.core.footprint import EngineRules
 from qmgui.core.launch import CTX_PAD, LaunchSettings
 from qmgui.core.meta import ModelClass
 from qmgui.core.shell import quote_bash, quote_powershell
@@ -110,9 +112,11 @@ def badge_context(entry: ModelEntry) -> int:
     return max(CTX_PAD, min(trained, BADGE_CONTEXT) // CTX_PAD * CTX_PAD)
 
 
-def fit_badge(entry: ModelEntry, hw: Hardware, reserve_mib: int) -> BadgeResult:
+def fit_badge(
+    entry: ModelEntry, hw: Hardware, reserve_mib: int, *, rules: EngineRules = DEFAULT_RULES
+) -> BadgeResult:
     """Fits with every layer on the GPU(s), fits with some layers on the CPU, or not at all, at
-    `badge_context` tokens with the engine's default settings."""
+    `badge_context` tokens with the engine's default settings (`rules`: its build's)."""
     if entry.format == "hf" and entry.meta is not None and entry.error is None:
         return _vllm_badge(entry, hw, reserve_mib)
     if not plannable(entry):
@@ -121,7 +125,7 @@ def fit_badge(entry: ModelEntry, hw: Hardware, reserve_mib: int) -> BadgeResult:
     assert entry.meta is not None
     ctx = badge_context(entry)
     settings = LaunchSettings(ctx_size=ctx)
-    budget = budget_for(hw, reserve_mib)
+    budget = replace(budget_for(hw, reserve_mib), rules=rules)
     try:
         result = check(entry.meta, settings, budget)
         if result.fits:
