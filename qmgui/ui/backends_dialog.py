@@ -107,7 +107,6 @@ def _default_prober(executable: str, kind: str) -> ProbeResult:
     return probe(executable, kind=kind, timeout_s=PROBE_TIMEOUT_S)
 
 
-
 def probe_report(result: ProbeResult) -> str:
     """What the editor shows for a probe: version, devices and every problem, one a line."""
     if not result.ok:
