@@ -15,6 +15,7 @@ from qmgui.core.footprint import CONTEXT_BYTES
 from qmgui.core.launch import LaunchSettings
 from qmgui.core.placement import AutoContext
 from qmgui.core.units import MIB
+from tests.b11434 import need_b11434
 from tests.core.test_export_hostile import swap_load
 from tests.synth.factory import PRESETS, write_gguf, write_hf_folder
 from tests.test_cli import run
@@ -169,3 +170,18 @@ def test_without_a_gpu_models_are_placed_in_host_memory(
     monkeypatch.setattr(place_cmd, "read_ram", lambda: (16 << 30, 1 << 30))  # all but 1 GiB used
     code, out, _ = run("place", str(models / "llama.gguf"))
     assert code == 1 and "does not fit in host memory" in out
+
+
+def test_place_sizes_by_the_backends_build(models: Path) -> None:
+    """`--backend PATH`: the placement sizes with that build's rules (b11434 keeps an extra
+    input branch in its compute graph: more bytes than the default rules)."""
+    engine = need_b11434()
+
+    def host_bytes(*extra: str) -> int:
+        code, out, err = run("place", str(models / "llama.gguf"), "--gpu", "24GiB", "-c", "1024",
+                             "--json", *extra)  # fmt: skip
+        assert code == 0, err
+        (m,) = json.loads(out)["models"]
+        return sum(m["bytes"].values())
+
+    assert host_bytes("--backend", str(engine)) > host_bytes()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tests.b11434 import b11434_server
 from tests.synth.factory import PRESETS, write_gguf
 from tests.test_cli import run
 
@@ -71,6 +72,6 @@ def test_the_build_is_an_input(tmp_path: Path) -> None:
     assert new > base and not any("sized by" in n for n in notes)
     newer, notes = compute("--build", str(MEASURED[-1] + 1000))
     assert newer == new and any("newer than any build qmgui measured" in n for n in notes)
-    engine = Path.home() / ".cache" / "qmgui-engines" / "llama-b11434-cpu-all" / "llama-server"
-    if engine.is_file():
+    engine = b11434_server()
+    if engine is not None:  # the rules of the build its --version names
         assert compute("--backend", str(engine))[0] == new

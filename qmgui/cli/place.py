@@ -7,18 +7,20 @@ import argparse
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, TextIO
 
 from qmgui import notify
 from qmgui.cli.plan import add_reserve_flag, add_rpc_flag, gpus_from
 from qmgui.cli.profiles import saved_override
+from qmgui.core.build_rules import rules_for
 from qmgui.core.discovery import ModelEntry, entry_for_path
 from qmgui.core.emit import Command, DevicePin, EmitError, skipped
 from qmgui.core.emit.llama import emit_llama
 from qmgui.core.errors import SizingError
 from qmgui.core.export import PORT_MARK, ExportError, unique_name
 from qmgui.core.export.llama_swap import render_run_set
-from qmgui.core.footprint import Gpu
+from qmgui.core.footprint import Gpu, estimate
 from qmgui.core.launch import CACHE_TYPES, LaunchSettings
 from qmgui.core.placement import AutoContext, Placed, Placement, Request, Unplaced, place
 from qmgui.core.profile import apply_profile
@@ -88,7 +90,12 @@ def register(sub: Any) -> None:
         help="also write a llama-swap config serving the placed models together "
         "(- for stdout instead of the table)",
     )
-    p.add_argument("--backend", metavar="ID|PATH", help="the llama-server for --llama-swap")
+    p.add_argument(
+        "--backend",
+        metavar="ID|PATH",
+        help="the llama-server to place for: its build's allocation rules size the models, "
+        "and --llama-swap runs it",
+    )
     p.add_argument(
         "--no-probe", action="store_true", help="do not run the engine's --help to check flags"
     )
@@ -378,6 +385,19 @@ def _write_swap(
     return EXIT_OK
 
 
+def _backend_build(args: argparse.Namespace, entries: dict[str, ModelEntry]) -> int | None:
+    """The llama.cpp build of `--backend` (probed: its --version), None without it."""
+    if not args.backend or not entries:
+        return None
+    resolver = Resolver(
+        load_quietly(), backend_arg=args.backend, engine="llama", probe=not args.no_probe
+    )
+    target = resolver.target(next(iter(entries.values())))
+    if isinstance(target, str):
+        raise ValueError(f"--backend {args.backend}: {target}")
+    return target.build
+
+
 OS_FLOOR = 2 << 30  # RAM left to the system and desktop when models are placed in host memory
 
 
@@ -408,8 +428,12 @@ def cmd_place(args: argparse.Namespace, out: TextIO) -> int:
         return EXIT_USAGE
     requests, entries, refused = _requests(specs)
     try:
-        p = place(requests, gpus, reserve=reserve, host_bytes=host)
-    except SizingError as e:
+        rules, rules_note = rules_for(_backend_build(args, entries))
+        if rules_note:
+            notify.info(rules_note, source=SOURCE)
+        sizing = partial(estimate, rules=rules)  # the build's rules (core.build_rules)
+        p = place(requests, gpus, reserve=reserve, host_bytes=host, estimate=sizing)
+    except (SizingError, ValueError) as e:  # ValueError: a --backend that cannot be used
         notify.error(str(e), source=SOURCE)
         return EXIT_USAGE
     if refused:
