@@ -120,9 +120,12 @@ def _prompt(url: str, n_tokens: int, timeout_s: float) -> list[int]:
     return prompt_ids([int(t) for t in tokens if isinstance(t, int)], n_tokens)
 
 
-def read_metrics(url: str, timeout_s: float = 1.0) -> dict[str, float] | None:
+def read_metrics(
+    url: str, timeout_s: float = 1.0, *, api_key: str | None = None
+) -> dict[str, float] | None:
     """The engine's `/metrics` counters; None when it serves none (not started with
-    `--metrics`, not llama-server) or does not answer."""
+    `--metrics`, not llama-server) or does not answer. `api_key`: the key it was started
+    with (an engine serving beyond loopback asks for it)."""
     parts = urlsplit(url)
     if parts.hostname is None or parts.port is None:
         return None
@@ -130,7 +133,10 @@ def read_metrics(url: str, timeout_s: float = 1.0) -> dict[str, float] | None:
 
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
     try:
-        conn.request("GET", "/metrics", headers={"Connection": "close"})
+        headers = {"Connection": "close"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        conn.request("GET", "/metrics", headers=headers)
         resp = conn.getresponse()
         raw = resp.read(1 << 20)
     except (OSError, http.client.HTTPException):

@@ -97,3 +97,21 @@ def expose_spec(spec: EngineSpec, host: str | None = None) -> tuple[EngineSpec, 
     if exposed.warning is None:
         return replace(spec, host=host), None
     return replace(spec, argv=(*spec.argv, *exposed.extra), host=host), exposed
+
+
+def api_key_of(argv: Sequence[str]) -> str | None:
+    """The API key an engine was started with (`--api-key KEY`, `--api-key-file PATH`: its
+    first line), for qmgui's own requests to it (/metrics); None when it has none or the file
+    cannot be read."""
+    key = flag_value(tuple(argv), "--api-key")
+    if key:
+        return key
+    path = flag_value(tuple(argv), "--api-key-file")
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            first = f.read(4096).strip().splitlines()
+    except OSError:
+        return None
+    return first[0].strip() if first else None

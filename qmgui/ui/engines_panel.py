@@ -31,6 +31,7 @@ from qmgui.core.units import format_bytes
 from qmgui.engines.bench import read_metrics
 from qmgui.engines.router import read_router
 from qmgui.engines.supervisor import State
+from qmgui.service.exposure import api_key_of
 from qmgui.ui import browser
 from qmgui.ui.engine_runner import Engine, EngineRunner
 from qmgui.ui.workers import LatestWins
@@ -41,6 +42,13 @@ COLUMNS = ("Model", "State", "URL", "Uptime", "Memory (planned / actual)", "Spee
 COL_MODEL, COL_STATE, COL_URL, COL_UPTIME, COL_MEMORY, COL_SPEED = range(len(COLUMNS))
 MODEL_COLUMN_PX = 190
 METRICS_EVERY = 4  # refreshes between two /metrics readings (2 s)
+
+
+def _argv(engine: Engine) -> tuple[str, ...]:
+    if engine.spec is not None:
+        return tuple(engine.spec.argv)
+    handle = engine.handle
+    return tuple(handle.argv or ()) if handle is not None else ()
 
 
 def uptime_words(seconds: float | None) -> str:
@@ -292,12 +300,16 @@ class EnginesPanel(QWidget):
         if self._ticks % METRICS_EVERY or self.metrics.busy:
             return
         targets = [
-            (eid, e.url)
+            (eid, e.url, _argv(e))
             for eid, e in self.runner.engines.items()
             if e.kind == "llama" and e.url and e.state is State.READY and not e.busy
         ]
-        if targets:
-            self.metrics.submit(lambda: {eid: read_metrics(url) for eid, url in targets})
+        if targets:  # an engine with an API key is asked with it (the key file read there)
+            self.metrics.submit(
+                lambda: {
+                    eid: read_metrics(url, api_key=api_key_of(argv)) for eid, url, argv in targets
+                }
+            )
         self.poll_routers()
 
     def poll_routers(self) -> None:

@@ -242,5 +242,12 @@ def test_a_host_beyond_loopback_gets_an_api_key(  # type: ignore[no-untyped-def]
         req = urllib.request.Request(f"{sup.url}/props", headers={"Authorization": f"Bearer {key}"})
         with urllib.request.urlopen(req, timeout=30) as r:
             assert r.status == 200
+        # the Speed column's /metrics reading carries the key the engine was started with
+        from qmgui.engines.bench import read_metrics
+        from qmgui.service.exposure import api_key_of
+
+        assert api_key_of(argv) == key
+        assert read_metrics(sup.url) is None  # refused without it
+        assert read_metrics(sup.url, api_key=key) is not None
     finally:
         w.engine_runner.stop_all()
