@@ -41,7 +41,7 @@ from qmgui.core.launch import (
 from qmgui.core.meta import MAX_CONTEXT, ModelClass
 from qmgui.core.profile import apply_profile, vllm_pins
 from qmgui.core.units import format_bytes, parse_size
-from qmgui.hw.gpus import local_gpus
+from qmgui.hw.gpus import as_gpus, local_gpus
 from qmgui.hw.host import read_ram
 from qmgui.hw.profiles import lookup
 from qmgui.service.disk import disk_advice, with_disk_note
@@ -265,10 +265,8 @@ def _local_gpus(args: argparse.Namespace) -> tuple[Gpu, ...]:
                 card = "" if plain else g.name[g.name.index(" ") :]
                 gpus.append(replace(g, name=f"GPU{len(gpus)}{card}"))
         return tuple(gpus)
-    return tuple(
-        Gpu(name=f"GPU{r.index}", total_bytes=r.total_bytes, free_bytes=r.free_bytes)
-        for r in local_gpus()  # NVIDIA (NVML), then AMD (amdgpu sysfs)
-    )
+    # NVIDIA (NVML), then AMD (amdgpu sysfs); NVLink peers as NVML says
+    return as_gpus(local_gpus(), lambda g: f"GPU{g.index}")
 
 
 def _is_size(text: str) -> bool:

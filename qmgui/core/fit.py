@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from itertools import pairwise
 
 from qmgui.core.errors import SizingError
 from qmgui.core.footprint import CPU, DeviceFootprint, EngineRules, Footprint, Gpu, estimate
@@ -95,7 +96,27 @@ def check(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> FitResul
             f"{format_bytes(cpu.weights)} mapped is more than the {format_bytes(host)} of RAM; "
             "the mapped weights will be read from disk as they are used (slow)",
         )
-    return FitResult(True, settings, fp, warnings=warnings)
+    return FitResult(True, settings, fp, warnings=(*warnings, *split_warnings(meta, fp, budget)))
+
+
+def split_warnings(meta: ModelMeta, fp: Footprint, budget: Budget) -> tuple[str, ...]:
+    """A split over cards that NVLink does not join (as the readings say; what-if cards say
+    nothing): each boundary between them moves every token's activations over PCIe."""
+    used = [g for g in budget.gpus if any(d.name == g.name and d.weights for d in fp.devices)]
+    out = []
+    for a, b in pairwise(used):
+        if a.nvlink is None or b.nvlink is None or b.name in a.nvlink:
+            continue
+        r = fp.settings
+        token = meta.n_embd * 4  # one f32 activation row crosses each boundary per token
+        out.append(
+            f"split over {a.name} and {b.name}, which NVLink does not join: every token's "
+            f"activations cross PCIe between them ({format_bytes(token)} a token, "
+            f"{format_bytes(token * r.n_ubatch)} for a {r.n_ubatch}-token batch); prompt "
+            "processing and generation are slower than on one card or NVLinked cards, and "
+            "-sm row would move far more"
+        )
+    return tuple(out)
 
 
 def _fits(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> bool:

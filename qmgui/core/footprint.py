@@ -105,6 +105,8 @@ class Gpu:
     # sizes its buffers with the remote backend's rules (`backend`: a CPU rpc-server allocates
     # like any non-CUDA backend) and lists RPC devices before the local GPUs
     endpoint: str | None = None
+    # the names of the GPUs NVLink joins this one to; None: not known (what-if cards)
+    nvlink: frozenset[str] | None = None
 
     @property
     def available(self) -> int:

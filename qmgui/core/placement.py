@@ -47,7 +47,13 @@ from dataclasses import dataclass, field, replace
 
 from qmgui.core import footprint as _footprint
 from qmgui.core.errors import SizingError
-from qmgui.core.fit import DEFAULT_GPU_RESERVE, Budget, largest, offload_for_context
+from qmgui.core.fit import (
+    DEFAULT_GPU_RESERVE,
+    Budget,
+    largest,
+    offload_for_context,
+    split_warnings,
+)
 from qmgui.core.footprint import CPU, Footprint, Gpu
 from qmgui.core.launch import CTX_PAD, LaunchSettings, pad
 from qmgui.core.meta import ModelMeta
@@ -439,6 +445,7 @@ def _placed(
             f"split over {', '.join(names)} (tensor split {ts}): no single card holds it with "
             f"{tried.footprint.settings.n_ctx} tokens of context"
         )
+        notes.extend(split_warnings(req.meta, tried.footprint, Budget(gpus=tried.cards)))
     return Placed(
         name=req.name,
         devices=names,

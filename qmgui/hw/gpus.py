@@ -4,11 +4,13 @@ host's). Positions follow that order."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from qmgui.core.footprint import Gpu
 from qmgui.hw import amdgpu
-from qmgui.hw.nvml import read_gpus
+from qmgui.hw.nvml import read_nvml
 
 
 @dataclass(frozen=True)
@@ -18,16 +20,43 @@ class LocalGpu:
     total_bytes: int
     free_bytes: int
     vendor: str  # "nvidia" or "amd"
+    # indexes of the GPUs NVLink joins this one to; None: not known (AMD, an old driver)
+    nvlink_peers: frozenset[int] | None = None
 
 
 def local_gpus(*, nvml: Any = None, drm_root: str | None = None) -> list[LocalGpu]:
     """Every GPU this machine has that qmgui can read, with its memory now (`nvml` and
     `drm_root`: recorded readings for tests)."""
+    reading = read_nvml(nvml)
+    pairs = reading.nvlink
+
+    def peers(i: int) -> frozenset[int] | None:
+        if pairs is None:
+            return None
+        return frozenset(b if a == i else a for a, b in pairs if i in (a, b))
+
     out = [
-        LocalGpu(r.index, r.name, r.total_bytes, r.free_bytes, "nvidia") for r in read_gpus(nvml)
+        LocalGpu(r.index, r.name, r.total_bytes, r.free_bytes, "nvidia", peers(r.index))
+        for r in reading.gpus
     ]
     for a in amdgpu.read_amd_gpus(drm_root or amdgpu.DRM):
         if a.integrated:  # its memory is the host's: planned as host memory
             continue
         out.append(LocalGpu(len(out), a.name, a.total_bytes, a.free_bytes, "amd"))
     return out
+
+
+def as_gpus(local: Sequence[LocalGpu], name: Callable[[LocalGpu], str]) -> tuple[Gpu, ...]:
+    """The planner's GPUs for this machine's, named by `name`, their NVLink peers by name."""
+    names = {g.index: name(g) for g in local}
+    return tuple(
+        Gpu(
+            name=names[g.index],
+            total_bytes=g.total_bytes,
+            free_bytes=g.free_bytes,
+            nvlink=None
+            if g.nvlink_peers is None
+            else frozenset(names[i] for i in g.nvlink_peers if i in names),
+        )
+        for g in local
+    )

@@ -114,6 +114,8 @@ class NvmlReading:
     cuda_driver_version: str | None = None  # "12.4": the newest CUDA the driver runs
     fix: str | None = None
     problems: tuple[str, ...] = field(default=())  # parts that could not be read
+    # GPU index pairs (i < j) joined by NVLink, as NVML's P2P status says; None: not known
+    nvlink: tuple[tuple[int, int], ...] | None = None
 
     @property
     def ok(self) -> bool:
@@ -236,6 +238,28 @@ def _read_gpu(nvml: Any, index: int, problems: list[str]) -> GpuReading:
     )
 
 
+def _nvlink_pairs(nvml: Any, n: int) -> tuple[tuple[int, int], ...] | None:
+    """The GPU pairs NVLink joins (NVML's P2P status with the NVLink capability); None when
+    NVML cannot say (an old driver or binding)."""
+    if n < 2:
+        return ()
+    status = getattr(nvml, "nvmlDeviceGetP2PStatus", None)
+    nvlink = getattr(nvml, "NVML_P2P_CAPS_INDEX_NVLINK", None)
+    if status is None or nvlink is None:
+        return None
+    ok = getattr(nvml, "NVML_P2P_STATUS_OK", 0)
+    try:
+        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
+        return tuple(
+            (i, j)
+            for i in range(n)
+            for j in range(i + 1, n)
+            if status(handles[i], handles[j], nvlink) == ok
+        )
+    except Exception:  # NotSupported on some drivers and vGPUs: unknown, not "none"
+        return None
+
+
 def _init_failure(e: Exception) -> NvmlReading:
     return _failure(type(e).__name__, e)
 
@@ -317,6 +341,7 @@ def read_nvml(nvml: Any = None) -> NvmlReading:
             driver_version=driver,
             cuda_driver_version=cuda,
             problems=tuple(problems),
+            nvlink=_nvlink_pairs(nvml, len(gpus)),
         )
     finally:
         with contextlib.suppress(Exception):  # best effort, as the library may be half up
@@ -385,6 +410,8 @@ def record(nvml: Any = None) -> dict[str, Any]:
             "process_names": {},
         }
         count = _call(nvml.nvmlDeviceGetCount)
+        pairs = _nvlink_pairs(nvml, count) if isinstance(count, int) else None
+        out["nvlink"] = None if pairs is None else [list(p) for p in pairs]
         for i in range(count if isinstance(count, int) else 0):
             device = _record_device(nvml, nvml.nvmlDeviceGetHandleByIndex(i))
             out["devices"].append(device)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qmgui.core.footprint import Gpu
-from qmgui.hw.gpus import local_gpus
+from qmgui.hw.gpus import as_gpus, local_gpus
 from qmgui.hw.host import read_host
 from qmgui.hw.profiles import lookup
 
@@ -49,10 +49,7 @@ def choice_labels() -> tuple[str, ...]:
 def this_machine() -> Hardware:
     """The GPUs present (NVIDIA, then AMD; none is normal: CPU only) and this machine's RAM."""
     host = read_host()
-    gpus = tuple(
-        Gpu(name=f"GPU{r.index} ({r.name})", total_bytes=r.total_bytes, free_bytes=r.free_bytes)
-        for r in local_gpus()
-    )
+    gpus = as_gpus(local_gpus(), lambda g: f"GPU{g.index} ({g.name})")
     return Hardware(THIS_MACHINE, gpus, host.ram_total_bytes)
 
 

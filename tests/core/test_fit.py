@@ -144,3 +144,25 @@ def test_max_context_matches_a_scan_of_every_context() -> None:
             assert found.footprint.settings.n_ctx == max(fitting) * 256
         else:
             assert not found.fits
+
+
+def test_a_split_over_cards_nvlink_does_not_join_is_a_warning() -> None:
+    """Readings say which cards NVLink joins: a split across two that it does not is a
+    warning with the bytes per token; joined cards, or what-if cards (unknown), say nothing."""
+    from qmgui.core.fit import Budget, check
+    from qmgui.core.footprint import Gpu
+    from qmgui.core.launch import LaunchSettings
+    from tests.core.test_footprint import make_meta
+
+    meta = make_meta()
+    settings = LaunchSettings(ctx_size=1024, tensor_split=(1.0, 1.0))
+
+    def warnings(a: frozenset[str] | None, b: frozenset[str] | None) -> tuple[str, ...]:
+        gpus = (Gpu("GPU0", 24 << 30, nvlink=a), Gpu("GPU1", 24 << 30, nvlink=b))
+        return check(meta, settings, Budget(gpus=gpus)).warnings
+
+    (said,) = warnings(frozenset(), frozenset())
+    assert said.startswith("split over GPU0 and GPU1, which NVLink does not join")
+    assert f"({meta.n_embd * 4} B a token, 128.0 KiB for a 512-token batch)" in said
+    assert warnings(frozenset({"GPU1"}), frozenset({"GPU0"})) == ()
+    assert warnings(None, None) == ()

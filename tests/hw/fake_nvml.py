@@ -98,6 +98,18 @@ class FakeNvml:
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: int) -> list[_Process]:
         return self._procs(handle, "graphics_processes")
 
+    NVML_P2P_CAPS_INDEX_NVLINK = pynvml.NVML_P2P_CAPS_INDEX_NVLINK
+    NVML_P2P_STATUS_OK = pynvml.NVML_P2P_STATUS_OK
+
+    def nvmlDeviceGetP2PStatus(self, a: int, b: int, index: int) -> int:
+        """NVLink pairs as recorded (`"nvlink": [[0, 1]]`); a reading without them raises
+        NotSupported, as an old driver does."""
+        pairs = self.reading.get("nvlink")
+        if pairs is None or index != pynvml.NVML_P2P_CAPS_INDEX_NVLINK:
+            raise pynvml.NVMLError_NotSupported()
+        linked = [min(a, b), max(a, b)] in [sorted(p) for p in pairs]
+        return pynvml.NVML_P2P_STATUS_OK if linked else pynvml.NVML_P2P_STATUS_NOT_SUPPORTED
+
     def nvmlSystemGetProcessName(self, pid: int) -> str:
         name = self.reading.get("process_names", {}).get(str(pid))
         if name is None:

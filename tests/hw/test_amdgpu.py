@@ -58,3 +58,18 @@ def test_plan_sees_the_amd_cards(tmp_path: Path, monkeypatch) -> None:  # type: 
     names = [d["name"] for d in plan["devices"]]
     assert names == ["GPU0", "CPU"], names  # the RX 7900 XTX; the iGPU is host memory
     assert plan["fits"]
+
+
+def test_nvlink_peers_come_from_the_reading() -> None:
+    """The recorded 4090 + 3090 desktop has no NVLink: each GPU's peers are known and empty;
+    AMD cards' are unknown."""
+    from qmgui.hw.gpus import as_gpus
+
+    gpus = local_gpus(nvml=FakeNvml("two-gpus-with-processes.json"), drm_root=TREE)
+    assert [g.nvlink_peers for g in gpus] == [frozenset(), frozenset(), None]
+    planned = as_gpus(gpus, lambda g: f"GPU{g.index}")
+    assert [g.nvlink for g in planned] == [frozenset(), frozenset(), None]
+    linked = FakeNvml("two-gpus-with-processes.json")
+    linked.reading["nvlink"] = [[0, 1]]
+    a, b = as_gpus(local_gpus(nvml=linked, drm_root="/nonexistent"), lambda g: f"GPU{g.index}")
+    assert a.nvlink == frozenset({"GPU1"}) and b.nvlink == frozenset({"GPU0"})
