@@ -75,3 +75,27 @@ def test_the_build_is_an_input(tmp_path: Path) -> None:
     engine = b11434_server()
     if engine is not None:  # the rules of the build its --version names
         assert compute("--backend", str(engine))[0] == new
+
+
+def test_check_shows_the_engines_own_projection(tmp_path: Path) -> None:
+    """`plan --check` runs the real llama-server only as far as its -fit projection, stops it
+    before it loads (nothing left running), and shows it beside the plan."""
+    import psutil
+
+    from qmgui.engines.llama_run import find_llama_server
+
+    engine = find_llama_server()
+    if engine is None:
+        import pytest
+
+        pytest.skip("llama-server not found")
+    model = write_gguf(tmp_path / "m.gguf", PRESETS["llama"])
+    code, out, err = run("plan", str(model), "-c", "1024", "--check", "--backend", engine,
+                         "--json")  # fmt: skip
+    assert code == 0, err
+    check = json.loads(out)["check"]
+    assert check["error"] is None and check["engine"] == engine
+    (cpu,) = check["devices"]
+    assert cpu["device"] == "CPU" and cpu["engine_device"] == "Host" and cpu["agrees"], cpu
+    left = [p for p in psutil.process_iter(["cmdline"]) if str(model) in (p.info["cmdline"] or [])]
+    assert left == []

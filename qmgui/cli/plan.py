@@ -75,6 +75,12 @@ def register(sub: Any) -> None:
     add_profile_flags(p)
     p.add_argument("--json", action="store_true", help="print the plan as a JSON object")
     add_rules_flags(p)
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="also run llama-server's own projection of this launch (-fit on, stopped before "
+        "it loads any weight) and show it beside the plan per device",
+    )
     p.set_defaults(func=cmd_plan)
 
 
@@ -411,15 +417,66 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
         notify.error(str(e), source="plan")
         return EXIT_USAGE
     near_json = _nearest_json(result, near)
+    checked = _engine_check(args, entry, result, gpus, reserve) if args.check else None
     if args.json:
-        json.dump({**_plan_json(result), "nearest": near_json, **remote}, out, indent=2)
+        extra = {"check": checked} if checked is not None else {}
+        json.dump({**_plan_json(result), "nearest": near_json, **remote, **extra}, out, indent=2)
         out.write("\n")
     else:
         _print_plan(entry, result, out)
         if not result.fits:
             print(_nearest_line(near_json), file=out)
         _print_transfer(remote, out)
+        if checked is not None:
+            _print_check(checked, out)
     return EXIT_OK if result.fits else EXIT_NO_FIT
+
+
+def _engine_check(
+    args: argparse.Namespace, entry: ModelEntry, result: FitResult, gpus: tuple[Gpu, ...],
+    reserve: int,
+) -> dict[str, Any]:  # fmt: skip
+    """`--check`: the engine's own projection of this launch (llama-server -fit on, stopped
+    before it loads), beside the plan per device."""
+    from qmgui.core.projection import compared  # noqa: PLC0415 - --check only
+    from qmgui.engines.fit_check import run_fit_check  # noqa: PLC0415
+    from qmgui.service.launch import Request, Resolver, emit_model, load_quietly  # noqa: PLC0415
+
+    resolver = Resolver(load_quietly(), backend_arg=getattr(args, "backend", None))
+    target = resolver.target(entry)
+    if isinstance(target, str) or target.kind != "llama":
+        why = target if isinstance(target, str) else f"{target.kind} has no -fit projection"
+        return {"devices": [], "error": why}
+    req = Request(settings=result.settings, gpus=gpus, reserve=reserve, port=8080, extra=())
+    command = emit_model(entry, target, req, resolver.override(entry)).command
+    if not command.runnable:
+        return {"devices": [], "error": "; ".join(command.warnings)}
+    fit = run_fit_check(command.argv)
+    planned = {
+        d.name: (d.weights, d.kv + d.recurrent + d.output, d.compute)
+        for d in result.footprint.devices
+    }
+    return {
+        "engine": target.executable,
+        "devices": compared(fit.devices, planned),
+        "error": fit.error or None,
+    }
+
+
+def _print_check(checked: dict[str, Any], out: TextIO) -> None:
+    print("\nthe engine's own projection (llama-server -fit on, stopped before it loads; whole"
+          " MiB):", file=out)  # fmt: skip
+    if checked.get("error"):
+        print(f"  no projection: {checked['error']}", file=out)
+    for row in checked["devices"]:
+        ours = "/".join(f"{x:.2f}" for x in row["planned_mib"])
+        theirs = "/".join(str(x) for x in row["engine_mib"])
+        verdict = "agrees" if row["agrees"] else "differs"
+        print(
+            f"  {row['device']} ({row['engine_device']}): weights/context/compute "
+            f"planned {ours} MiB, engine {theirs} MiB: {verdict}",
+            file=out,
+        )
 
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # MODEL written as a URL, not a path
