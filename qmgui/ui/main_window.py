@@ -257,6 +257,7 @@ class MainWindow(QMainWindow):
         self.planner = LatestWins("plan", self)
         self.badger = LatestWins("badges", self)
         self.fitter = LatestWins("fit", self)
+        self.checker = LatestWins("engine-check", self)  # the engine's own projection
         self.offerer = LatestWins("offer", self)  # first run: folders to offer (disk: a worker)
         self.remote = RemoteModels(self, show_work=self.show_work, end_work=self.end_work)
         self.badge_timer = QTimer(self)
@@ -468,6 +469,9 @@ class MainWindow(QMainWindow):
         self.fitter.finished.connect(self._on_fit_context)
         self.fitter.failed.connect(partial(self._on_failed, "fit context"))
         self.memory.nearestRequested.connect(self._apply_nearest)
+        self.memory.checkRequested.connect(self.check_with_engine)
+        self.checker.finished.connect(self._on_checked)
+        self.checker.failed.connect(partial(self._on_failed, "engine check"))
         self.preview.copied.connect(
             lambda _text: self.statusBar().showMessage("Command copied to the clipboard", 4000)
         )
@@ -1031,6 +1035,11 @@ class MainWindow(QMainWindow):
                 f"Does not fit: {fit.reason}.", ok=False, nearest=fit.nearest is not None
             )
         self._show_measured(outcome)
+        checkable = (
+            outcome.fit is not None and outcome.command.runnable and outcome.missing is None
+            and "(llama)" in outcome.engine and not self._hardware.what_if
+        )  # fmt: skip
+        self.memory.set_checked("", available=checkable)
         self.preview.set_command(
             outcome.bash, outcome.powershell, outcome.command.warnings, outcome.engine,
             shown=(outcome.shown_bash, outcome.shown_powershell),
@@ -1053,6 +1062,48 @@ class MainWindow(QMainWindow):
             f"settings: {result.settings}"
         )
         self.memory.set_measured(measured_words(result, same_settings=same), tip)
+
+    def check_with_engine(self) -> None:
+        """Run the engine's own projection of the launch on show (a worker: it starts
+        llama-server and stops it before it loads) and show it beside the plan."""
+        o = self._outcome
+        if o is None or o.fit is None or not o.command.runnable:
+            return
+        argv, fit = tuple(o.command.argv), o.fit
+        self.memory.set_checked("Asking the engine for its projection…", available=False)
+
+        def task() -> tuple[str, list[dict[str, object]], str]:
+            from qmgui.core.projection import compared  # noqa: PLC0415 - on demand
+            from qmgui.engines.fit_check import run_fit_check  # noqa: PLC0415
+
+            checked = run_fit_check(argv)
+            planned = {
+                d.name: (d.weights, d.kv + d.recurrent + d.output, d.compute)
+                for d in fit.footprint.devices
+            }
+            return o.entry.id, compared(checked.devices, planned), checked.error
+
+        self.checker.submit(task)
+
+    def _on_checked(self, result: object) -> None:
+        assert isinstance(result, tuple)
+        entry_id, rows, error = result
+        current = self.plan_panel.entry
+        if current is None or current.id != entry_id:
+            return
+        if error:
+            self.memory.set_checked(f"Engine check: no projection ({error}).", available=True)
+            return
+        parts = []
+        for row in rows:
+            ours = "/".join(f"{x:.1f}" for x in row["planned_mib"])
+            theirs = "/".join(str(x) for x in row["engine_mib"])
+            word = "agrees" if row["agrees"] else "differs"
+            parts.append(f"{row['device']}: plan {ours}, engine {theirs} MiB ({word})")
+        self.memory.set_checked(
+            "Engine check (weights/context/compute, llama-server -fit on): " + "; ".join(parts),
+            available=True,
+        )
 
     def _vllm_verdict(self, plan: VllmPlan) -> str:
         """A vLLM launch in words: the plan's own numbers, or why it does not fit."""
@@ -1359,7 +1410,7 @@ class MainWindow(QMainWindow):
         if self.settings_watch is not None:
             self.settings_watch.stop()
         self.scanner.wait()
-        for worker in (self.planner, self.badger, self.fitter, self.offerer):
+        for worker in (self.planner, self.badger, self.fitter, self.offerer, self.checker):
             worker.cancel()
             worker.wait()
         self.remote.wait()

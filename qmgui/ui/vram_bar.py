@@ -293,6 +293,7 @@ class MemoryPanel(QWidget):
     """The bars of one plan, a legend, the verdict, and "Nearest fit" when it does not fit."""
 
     nearestRequested = Signal()
+    checkRequested = Signal()  # "Check with the engine": its own projection of this launch
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -315,6 +316,22 @@ class MemoryPanel(QWidget):
         self.measured.setWordWrap(True)
         self.measured.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.measured.hide()
+        # the engine's own projection beside the plan (llama-server -fit on, stopped early)
+        self.check = QPushButton("Check with the engine", self)
+        self.check.setToolTip(
+            "Run llama-server only as far as its own memory projection of this launch "
+            "(-fit on; stopped before it loads any weight) and show it beside the plan"
+        )
+        self.check.clicked.connect(self.checkRequested)
+        self.check.hide()
+        self.checked = QLabel(self)
+        self.checked.setObjectName("checked")
+        self.checked.setWordWrap(True)
+        self.checked.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.checked.hide()
+        check_row = QHBoxLayout()
+        check_row.addWidget(self.checked, 1)
+        check_row.addWidget(self.check, 0, Qt.AlignmentFlag.AlignTop)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(8)
@@ -323,6 +340,7 @@ class MemoryPanel(QWidget):
         layout.addWidget(self.legend)
         layout.addLayout(verdict_row)
         layout.addWidget(self.measured)
+        layout.addLayout(check_row)
 
     def set_bars(self, specs: list[BarSpec]) -> None:
         while len(self.bars) < len(specs):
@@ -342,6 +360,13 @@ class MemoryPanel(QWidget):
             present.append("context")
         if tuple(present) != tuple(k for k in self.legend.keys if k in Legend.OPTIONAL):
             self.legend.show_keys(present)
+
+    def set_checked(self, text: str, *, available: bool) -> None:
+        """The engine's projection beside the plan ("" hides it); `available`: the button
+        (a llama-server launch on this machine)."""
+        self.checked.setText(text)
+        self.checked.setVisible(bool(text))
+        self.check.setVisible(available)
 
     def set_measured(self, text: str, tip: str = "") -> None:
         """The measured speed under the verdict ("" hides it)."""

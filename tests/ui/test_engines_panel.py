@@ -251,3 +251,18 @@ def test_a_host_beyond_loopback_gets_an_api_key(  # type: ignore[no-untyped-def]
         assert read_metrics(sup.url, api_key=key) is not None
     finally:
         w.engine_runner.stop_all()
+
+
+def test_check_with_the_engine_shows_its_projection(  # type: ignore[no-untyped-def]
+    qtbot, make_window, one_model: Path, llama_on_path: str
+) -> None:
+    """ "Check with the engine" runs the real llama-server only as far as its -fit projection
+    (on a worker, nothing left running) and shows it beside the plan."""
+    w = ready_window(qtbot, make_window, one_model)
+    assert w.memory.check.isVisibleTo(w)
+    w.memory.check.click()
+    qtbot.waitUntil(lambda: w.memory.checked.text().startswith("Engine check ("), timeout=60_000)
+    text = w.memory.checked.text()
+    assert "CPU: plan " in text and "(agrees)" in text, text
+    assert not [p for p in psutil.process_iter(["cmdline"])
+                if str(one_model) in " ".join(p.info["cmdline"] or [])]  # fmt: skip
