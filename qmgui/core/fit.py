@@ -96,7 +96,26 @@ def check(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> FitResul
             f"{format_bytes(cpu.weights)} mapped is more than the {format_bytes(host)} of RAM; "
             "the mapped weights will be read from disk as they are used (slow)",
         )
-    return FitResult(True, settings, fp, warnings=(*warnings, *split_warnings(meta, fp, budget)))
+    return FitResult(
+        True,
+        settings,
+        fp,
+        warnings=(*warnings, *context_warnings(meta, fp), *split_warnings(meta, fp, budget)),
+    )
+
+
+def context_warnings(meta: ModelMeta, fp: Footprint) -> tuple[str, ...]:
+    """A context per slot beyond the trained one: the engine allocates it (as planned) and
+    warns of a possible training context overflow; say the same, with what it means."""
+    trained, per_slot = meta.context_length, fp.settings.n_ctx_seq
+    if not trained or per_slot <= trained:
+        return ()
+    return (
+        f"{per_slot:,} tokens per slot is beyond the {trained:,} the model was trained on: "
+        "llama-server allocates it as planned and warns of a possible training context "
+        "overflow; without RoPE scaling (--rope-scaling, --rope-scale) answers degrade past "
+        f"{trained:,} tokens",
+    )
 
 
 def split_warnings(meta: ModelMeta, fp: Footprint, budget: Budget) -> tuple[str, ...]:

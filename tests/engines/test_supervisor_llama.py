@@ -220,3 +220,31 @@ def test_an_overrun_within_precision_and_two_percent_is_not_one() -> None:
     assert Readback((DeviceRow("GPU0", "CUDA0", planned, within),)).overruns() == ()
     (said,) = Readback((DeviceRow("GPU0", "CUDA0", planned, beyond),)).overruns()
     assert said.startswith("GPU0 compute: the engine allocated 51.0 MiB")
+
+
+def test_a_context_beyond_the_trained_one_is_planned_as_allocated(model: Path) -> None:
+    """-c four times the trained context: the engine allocates it and warns; the plan equals
+    what it allocated, buffer by buffer, and carries the same warning in its own words."""
+    from qmgui.core.fit import Budget, check
+    from qmgui.core.gguf_header import read_gguf_header
+    from qmgui.core.launch import LaunchSettings
+    from qmgui.core.meta import meta_from_gguf
+    from qmgui.engines.llama_run import load_and_stop
+    from qmgui.engines.residuals import readback
+
+    assert BINARY is not None
+    meta = meta_from_gguf(read_gguf_header(model), file_name=model.name)
+    ctx = 4 * meta.context_length
+    out = load_and_stop(
+        BINARY, model, ("-c", str(ctx), "-np", "1", "-lv", "4", "-fit", "off", "--no-warmup"),
+        timeout_s=60,
+    )  # fmt: skip
+    assert out.loaded, out.log[-2000:]
+    assert "possible training context overflow" in out.log
+    result = check(meta, LaunchSettings(ctx_size=ctx, parallel=1), Budget())
+    assert result.footprint.settings.n_ctx_seq == ctx
+    rb = readback(out.log, result.footprint)
+    assert rb.overruns() == ()
+    (cpu,) = [row for row in rb.rows if row.name == "CPU"]
+    assert cpu.residual is not None and abs(cpu.residual["kv"]) <= 5243  # 0.01 MiB printed
+    assert any("beyond the" in w and "trained on" in w for w in result.warnings)
