@@ -248,3 +248,35 @@ def test_a_context_beyond_the_trained_one_is_planned_as_allocated(model: Path) -
     (cpu,) = [row for row in rb.rows if row.name == "CPU"]
     assert cpu.residual is not None and abs(cpu.residual["kv"]) <= 5243  # 0.01 MiB printed
     assert any("beyond the" in w and "trained on" in w for w in result.warnings)
+
+
+def test_a_projector_is_planned_as_the_engine_loads_it(tmp_path: Path) -> None:
+    """A vision model with its projector (a CLIP mmproj written with the gguf writer, which the
+    real server loads): the projector's weights in the plan equal the size the engine prints
+    for it; its image warm-up compute buffer is not estimated, and the plan says so."""
+    import re
+
+    from qmgui.core.footprint import estimate
+    from qmgui.core.gguf_header import read_gguf_header
+    from qmgui.core.launch import LaunchSettings
+    from qmgui.core.meta import ModelClass, meta_from_gguf
+    from qmgui.engines.llama_run import load_and_stop
+    from tests.synth._mmproj import write_mmproj
+    from tests.synth.factory import PRESETS, write_gguf
+
+    assert BINARY is not None
+    model = write_gguf(tmp_path / "tiny-gemma3.gguf", PRESETS["gemma3"])
+    proj = write_mmproj(tmp_path / "mmproj-tiny-gemma3.gguf")
+    args = ("--mmproj", str(proj), "-c", "1024", "-lv", "4", "-fit", "off", "--no-warmup")
+    out = load_and_stop(BINARY, model, args, timeout_s=60)
+    assert out.loaded and "loaded multimodal model" in out.log, out.log[-2000:]
+    printed = re.search(r"load_hparams:\s+model size:\s+([\d.]+) MiB", out.log)
+    assert printed is not None
+    meta = meta_from_gguf(read_gguf_header(model), file_name=model.name)
+    pmeta = meta_from_gguf(read_gguf_header(proj), file_name=proj.name)
+    assert pmeta.model_class == ModelClass.PROJECTOR
+    plain = estimate(meta, LaunchSettings(ctx_size=1024))
+    with_proj = estimate(meta, LaunchSettings(ctx_size=1024), mmproj=pmeta)
+    added = sum(d.weights for d in with_proj.devices) - sum(d.weights for d in plain.devices)
+    assert f"{added / 2**20:.2f}" == printed.group(1)
+    assert any("projector" in n and "not estimated" in n for n in with_proj.notes)
