@@ -559,6 +559,9 @@ def _dims(meta: ModelMeta, r: Resolved, embeddings: bool) -> _Dims:
     head_k = meta.head_dim_k or meta.n_embd // head0
     head_v = meta.head_dim_v or meta.n_embd // head0
     swa_cells = _swa_cells(meta, r)
+    # build_inp_mem_hybrid_iswa (src/llama-graph.cpp) builds no Hadamard inputs: a
+    # recurrent hybrid with sliding-window attention (LFM2 with SWA) never rotates
+    rotates = not (meta.sliding_window and any(meta.recurrent_layers))
     return _Dims(
         arch=meta.architecture,
         n_layer=n_layer,
@@ -575,11 +578,12 @@ def _dims(meta: ModelMeta, r: Resolved, embeddings: bool) -> _Dims:
         n_kv_swa=swa_cells,
         n_stream=r.n_stream,
         unified=r.kv_unified,
-        flash_attn=r.flash_attn,
+        # llama_init_from_model: "flash_attn is not compatible with Grok - forcing off"
+        flash_attn=r.flash_attn and meta.architecture != "grok",
         type_k=r.cache_type_k,
         type_v=r.cache_type_v,
-        rot_k=_rot(r.cache_type_k, head_k, grow=True),
-        rot_v=_rot(r.cache_type_v, head_v, grow=False),
+        rot_k=_rot(r.cache_type_k, head_k, grow=True) if rotates else 0,
+        rot_v=_rot(r.cache_type_v, head_v, grow=False) if rotates else 0,
         n_expert=meta.n_expert,
         n_expert_used=meta.n_expert_used,
         swa_layers=tuple(meta.swa_layers) if meta.sliding_window else (),
@@ -700,6 +704,7 @@ class _Builder:
         self._s_copy: tuple[_T, _T] | None = None
         # build_inp_embd as of MIXED_BATCH_BUILD (set by _mixed_batch's wrapper of a family)
         self.mixed_batch = False
+        self.t_embd: _T | None = None  # the output head's input (res->t_embd)
 
     def each_layer(self) -> Iterator[int]:
         """The replayed layers in order; weights and caches built meanwhile are stamped with
@@ -811,7 +816,10 @@ class _Builder:
             cur.is_output = True
             cur = g.get_rows(cur, self.out_ids())
         cur.is_output = True
+        self.t_embd = cur
         logits = g.mul_mat(g.weight(self.d.n_embd, self.d.n_vocab), cur)
+        if self.d.has("output.bias"):  # result_output_no_bias + output_b (in place)
+            logits = g.op("add", logits, g.weight(self.d.n_vocab))
         if logit_scale:
             logits = g.op("scale", logits)
         if softcap:  # final logit soft-capping: scale, tanh, scale
@@ -859,6 +867,8 @@ class _Builder:
             s_copy = g.input("i32", n_rs)
             self._s_copy = (g.view(s_copy, (n_seqs,)), g.view(s_copy, (n_rs - n_seqs,)))
         main, extra = self._s_copy
+        if self.mixed_batch:
+            return self._rs_gathered(state_size, get_rows)
         cache = g.cache("f32", state_size, n_rs)
         states = g.reshape(cache, state_size, n_rs)
         zero = g.view(states, (state_size,))
@@ -866,6 +876,34 @@ class _Builder:
         out = get_rows(states, main) if get_rows else g.get_rows(states, main)
         g.expand(out)
         rest = g.get_rows(states, extra)
+        g.expand(g.cpy(rest, g.view(cache, (state_size, n_rs - n_seqs))))
+        return out
+
+    def _rs_gathered(self, state_size: int, get_rows: _RowsFn | None) -> _T:
+        """build_rs as of MIXED_BATCH_BUILD (b11434 src/llama-graph.cpp build_rs): one
+        gather of every state (rs_s_copy, n_rs rows) whose first n_seqs rows are the
+        ubatch's states (a view) and whose rest is copied back; a custom getter (the scan
+        ops) reads the ubatch's states itself and the gather takes the n_rs - 1 others
+        (s_copy_tail), allocated after the scan and freed by the copy."""
+        g = self.g
+        n_seqs = self.s.n_seqs
+        n_rs = max(1, n_seqs)
+        assert self._s_copy is not None
+        main = self._s_copy[0]
+        s_copy = main.view_src
+        assert s_copy is not None
+        cache = g.cache("f32", state_size, n_rs)
+        states = g.reshape(cache, state_size, n_rs)
+        zero = g.view(states, (state_size,))
+        g.expand(_T(zero.type, zero.ne, op="scale", src=(zero,), view_src=zero, nb=zero.nb))
+        idx = g.view(s_copy, (n_rs - 1,)) if get_rows else s_copy
+        gathered = g.get_rows(states, idx)
+        if get_rows:
+            out = get_rows(states, main)
+        else:
+            out = g.view(gathered, (state_size, n_seqs), (gathered.nb[1],))
+        g.expand(out)
+        rest = g.view(gathered, (state_size, n_rs - n_seqs), (gathered.nb[1],))
         g.expand(g.cpy(rest, g.view(cache, (state_size, n_rs - n_seqs))))
         return out
 
@@ -1058,6 +1096,7 @@ class _Moe:
         probs_bias: bool = False,
         biases: bool = False,
         act: str = "swiglu",
+        weight_before: bool = False,
     ) -> None:
         self.gating = gating  # softmax | sigmoid | softmax_weight
         self.norm_w = norm_w
@@ -1065,6 +1104,9 @@ class _Moe:
         self.probs_bias = probs_bias  # DeepSeek-V3 exp_probs_b selection bias
         self.biases = biases  # gpt-oss: router and expert biases
         self.act = act
+        # Llama 4: the routing weights scale each token's copies before the experts
+        # (weight_before_ffn: the input repeated n_expert_used times, then multiplied)
+        self.weight_before = weight_before
 
 
 def _moe_ffn(b: _Builder, x: _T, il: int, m: _Moe) -> _T:
@@ -1096,6 +1138,8 @@ def _moe_ffn(b: _Builder, x: _T, il: int, m: _Moe) -> _T:
         weights = g.op("scale", weights)
     g.expand(weights)
     cur = g.reshape(x, x.ne[0], 1, n_tok)
+    if m.weight_before:  # each token's copies scaled by its weights
+        cur = g.op("mul", g.op("repeat", cur, ne=(x.ne[0], n_used, n_tok)), weights)
     up = g.mul_mat_id(g.expert_weight(x.ne[0], n_ff_exp, d.n_expert), cur, topk)
     gate = g.mul_mat_id(g.expert_weight(x.ne[0], n_ff_exp, d.n_expert), cur, topk)
     if m.biases:
@@ -1105,7 +1149,7 @@ def _moe_ffn(b: _Builder, x: _T, il: int, m: _Moe) -> _T:
     experts = g.mul_mat_id(g.expert_weight(n_ff_exp, x.ne[0], d.n_expert), act, topk)
     if m.biases:
         experts = g.op("add_id", experts, g.expert_weight(x.ne[0], d.n_expert), topk)
-    experts = g.op("mul", experts, weights)
+    experts = experts if m.weight_before else g.op("mul", experts, weights)
     g.expand(experts)
     views = [g.view(experts, (x.ne[0], n_tok), (experts.nb[2],)) for _ in range(n_used)]
     for v in views:
@@ -1142,6 +1186,22 @@ def _qkv(b: _Builder, il: int, x: _T) -> tuple[_T, _T, _T]:
     if d.has(pre + "attn_k_norm.weight"):
         k = b.norm(k)
     return q, k, v
+
+
+def _ffn_no_gate(b: _Builder, il: int, x: _T) -> _T:
+    """build_ffn without a gate tensor: up (+bias), activation, down (+bias). An up
+    projection twice n_ff wide carries the gate in its first half (phi3.cpp, glm4.cpp,
+    chatglm.cpp: `{n_embd, 2 * n_ff}`, LLM_FFN_SWIGLU): the fused GLU (ggml_swiglu of one
+    tensor) splits it and halves the width."""
+    d, g = b.d, b.g
+    pre = f"blk.{il}."
+    n_ff = d.n_ff[il]
+    shape = d.shape(pre + "ffn_up.weight")
+    n_up = shape[1] if shape is not None and len(shape) > 1 else n_ff
+    up = b.linear(x, n_up, bias=d.has(pre + "ffn_up.bias"))
+    fused = n_up == 2 * n_ff
+    act = g.op("swiglu", up, ne=(n_ff, *up.ne[1:])) if fused else g.op("unary", up)
+    return b.linear(act, x.ne[0], bias=d.has(pre + "ffn_down.bias"))
 
 
 def _pre_norm(b: _Builder, x: _T, name: str) -> _T:
@@ -1191,34 +1251,194 @@ def _pooling(b: _Builder, embd: _T) -> None:
 # --- attention families (src/models/*.cpp) ------------------------------------------------------
 
 
+# src/models/*.cpp without ggml_rope_ext: ALiBi (bloom, jais, mpt, refact) or learned
+# positions (gpt2, starcoder); Q and K go to the cache as views of the projections
+_NO_ROPE = frozenset({"bloom", "gpt2", "jais", "mpt", "refact", "starcoder"})
+
+
+# The output gate measured against b11434's dumps (spark2-5.cpp, afmoe.cpp). muse-glimmer
+# has one too but predicts best without it (its layout differs elsewhere: an embedding
+# norm, layers without RoPE), so other architectures are laid out without the gate.
+_GATED_ATTN = frozenset({"spark2_5", "afmoe"})
+
+
 def _graph_llama(b: _Builder) -> None:
     """src/models/llama.cpp, qwen2.cpp, qwen3.cpp, qwen3moe.cpp: pre-norm attention with
     RoPE, residual, pre-norm FFN (dense SwiGLU or softmax-routed experts), residual.
 
     Also the layout for architectures without a builder of their own, so optional tensors
-    switch optional ops: biased layer norms, a fused QKV projection, an FFN without gate."""
+    switch optional ops: biased layer norms, a fused QKV projection, an FFN without gate,
+    learned positions, an embedding norm, absent pre-norms and present post-norms (olmo2.cpp,
+    exaone4.cpp), an attention output gate, shared experts."""
     d, g = b.d, b.g
     inp = b.inp_embd()
-    moe = _Moe()
+    if d.has("position_embd.weight"):  # gpt2.cpp, starcoder.cpp: learned positions
+        pos = g.get_rows(g.weight(d.n_embd, d.n_ctx_train), b.inp_pos())
+        inp = g.op("add", inp, pos)
+    if d.has("token_embd_norm.weight"):  # bloom.cpp: a layer norm on the embeddings
+        inp = b.norm(inp, kind="norm", bias=d.has("token_embd_norm.bias"))
+    # llama4.cpp: sigmoid routing, weights before the experts
+    llama4 = _Moe(gating="sigmoid", norm_w=False, weight_before=True)
+    moe = llama4 if d.arch == "llama4" else _Moe()
     for il in b.each_layer():
         pre = f"blk.{il}."
         residual = inp
-        cur = _pre_norm(b, inp, pre + "attn_norm")
-        q, k, v = _qkv(b, il, cur)
-        cur = b.attn_kv(il, b.rope(q), b.rope(k), v, wo_bias=d.has(pre + "attn_output.bias"))
+        # post-norms and no attention norm tensor: post-norms only (olmo2.cpp, exaone4.cpp;
+        # olmo.cpp has no norm tensors but weightless pre-norms); with an attention norm, a
+        # post-attention norm is the FFN's pre-norm (openai-moe.cpp names it so)
+        post = not d.has(pre + "attn_norm.weight") and (
+            d.has(pre + "post_attention_norm.weight") or d.has(pre + "post_ffw_norm.weight")
+        )
+        cur = inp if post else _pre_norm(b, inp, pre + "attn_norm")
+        cur = _llama_attn(b, il, cur)
+        # a post-attention norm beside an FFN norm is a post-norm too (muse-glimmer.cpp)
+        if d.has(pre + "post_attention_norm.weight") and (post or d.has(pre + "ffn_norm.weight")):
+            cur = b.norm(cur)
         cur, residual = b.last_rows(il, cur, residual)
         ffn_inp = g.op("add", cur, residual)
-        cur = _pre_norm(b, ffn_inp, pre + "ffn_norm")
-        if d.has(pre + "ffn_gate_inp.weight"):
-            cur = _moe_ffn(b, cur, il, moe)
-        elif d.has(pre + "ffn_gate.weight") or not d.has(pre + "ffn_up.weight"):
-            cur = b.ffn(cur, d.n_ff[il])
-        else:  # no gate: up (+bias), activation, down (+bias)
-            up = b.linear(cur, d.n_ff[il], bias=d.has(pre + "ffn_up.bias"))
-            cur = b.linear(g.op("unary", up), d.n_embd, bias=d.has(pre + "ffn_down.bias"))
+        cur = ffn_inp if post else _pre_norm(b, ffn_inp, pre + "ffn_norm")
+        cur = _llama_ffn(b, il, cur, moe)
+        if d.has(pre + "post_ffw_norm.weight"):
+            cur = b.norm(cur)
         inp = g.op("add", cur, ffn_inp)
     kind = "norm" if d.has("output_norm.bias") else "rms_norm"
-    _pooling(b, b.output_head(inp, kind=kind).src[1])
+    b.output_head(inp, kind=kind)
+    assert b.t_embd is not None
+    _pooling(b, b.t_embd)
+
+
+def _llama_attn(b: _Builder, il: int, x: _T) -> _T:
+    """The generic layout's attention: Q/K/V, RoPE unless the family has none, the cache,
+    the optional per-head sigmoid output gate, wo."""
+    d, g = b.d, b.g
+    pre = f"blk.{il}."
+    q, k, v = _qkv(b, il, x)
+    if _ropes(d, il):
+        q, k = b.rope(q), b.rope(k)
+    wo_bias = d.has(pre + "attn_output.bias")
+    gate_shape = d.shape(pre + "attn_gate.weight")
+    if d.arch not in _GATED_ATTN or gate_shape is None or len(gate_shape) < 2:
+        return b.attn_kv(il, q, k, v, wo_bias=wo_bias)
+    # a sigmoid output gate computed from the attention's input (spark2-5.cpp, afmoe.cpp),
+    # which so lives across the attention
+    cur = b.attn_kv(il, q, k, v, wo=False)
+    cur = g.op("mul", cur, g.op("unary", b.linear(x, gate_shape[1])))
+    return b.linear(cur, d.n_embd, bias=wo_bias)
+
+
+def _llama_ffn(b: _Builder, il: int, x: _T, moe: _Moe) -> _T:
+    """The generic layout's FFN: experts (plus a shared expert, or Grok's dense FFN beside
+    them), a gated FFN as wide as its up projection, or an ungated one."""
+    d, g = b.d, b.g
+    pre = f"blk.{il}."
+    up = d.shape(pre + "ffn_up.weight")
+    if d.arch == "refact":  # refact.cpp: build_ffn whatever expert tensors the file has
+        if up is None:  # no weights at all: build_ffn leaves the activation alone
+            return g.op("unary", x)
+    elif d.has(pre + "ffn_gate_inp.weight"):
+        cur = _moe_ffn(b, x, il, moe)
+        shexp = d.shape(pre + "ffn_up_shexp.weight")
+        if shexp is not None:  # a shared expert beside the routed ones
+            return g.op("add", cur, b.ffn(x, shexp[1]))
+        if d.arch == "grok" and up is not None:
+            # grok.cpp: a dense GELU FFN beside the experts, the sum scaled
+            return g.op("scale", g.op("add", b.ffn(x, d.n_ff[il], act="geglu"), cur))
+        return cur
+    if d.has(pre + "ffn_gate.weight") or up is None:
+        # the up projection's width where the file has one: qwen.cpp's is n_ff / 2
+        return b.ffn(x, up[1] if up is not None and len(up) > 1 else d.n_ff[il])
+    return _ffn_no_gate(b, il, x)
+
+
+def _ropes(d: _Dims, il: int) -> bool:
+    """Whether layer `il` ropes Q and K. Cohere 2, Maple and muse-glimmer rope their
+    sliding-window layers only; Cohere 2 MoE also its leading dense layers (cohere2moe.cpp
+    force_rope); SmallThinker with sliding windows skips every 4th layer from 0
+    (smallthinker.cpp n_no_rope_layer_step); baichuan.cpp ropes only the 7B (32 layers)."""
+    if d.arch in _NO_ROPE or (d.arch == "baichuan" and d.n_layer != 32):
+        return False
+    if d.arch in ("cohere2", "maple", "muse-glimmer"):
+        return d.is_swa(il)
+    if d.arch == "cohere2moe":
+        return d.is_swa(il) or il < d.leading_dense
+    if d.arch == "smallthinker" and d.iswa:
+        return il % 4 != 0
+    return True
+
+
+def _graph_parallel(b: _Builder) -> None:
+    """src/models/phi2.cpp, command-r.cpp, cohere2.cpp: one layer norm feeds attention and
+    the FFN in parallel, so the norm's output lives across the attention; the layer output
+    is attention + FFN + input. Phi-2 scales Q after RoPE, has an ungated GELU FFN and a
+    biased output head; Cohere 2 ropes only its sliding-window layers."""
+    d, g = b.d, b.g
+    # cohere2moe.cpp selects the output rows after the output norm (t_h_nextn)
+    late_rows = d.arch == "cohere2moe"
+    inp = b.inp_embd()
+    for il in b.each_layer():
+        pre = f"blk.{il}."
+        normed = b.norm(inp, kind="norm", bias=d.has(pre + "attn_norm.bias"))
+        q, k, v = _qkv(b, il, normed)
+        if _ropes(d, il):
+            q, k = b.rope(q), b.rope(k)
+        if d.arch == "phi2":
+            q = g.op("scale", q)
+        cur = b.attn_kv(il, q, k, v, wo_bias=d.has(pre + "attn_output.bias"))
+        if not late_rows:
+            cur, inp, normed = b.last_rows(il, cur, inp, normed)
+        if d.has(pre + "ffn_gate_inp.weight"):
+            ffn = _moe_ffn(b, normed, il, _Moe())
+            shexp = d.shape(pre + "ffn_up_shexp.weight")
+            if shexp is not None:  # shared expert, averaged with the routed ones
+                ffn = g.op("scale", g.op("add", ffn, b.ffn(normed, shexp[1])))
+        elif d.has(pre + "ffn_gate.weight"):
+            ffn = b.ffn(normed, d.n_ff[il])
+        else:
+            ffn = _ffn_no_gate(b, il, normed)
+        inp = g.op("add", g.op("add", ffn, inp), cur)
+    b.output_head(inp, kind="norm", logit_scale=d.arch != "phi2", norm_is_output=late_rows)
+
+
+def _graph_talkie(b: _Builder) -> None:
+    """src/models/talkie.cpp: RMS-normed embeddings (weightless norms throughout) kept for
+    the whole stack: every layer adds them back scaled (a mul that cannot run in place, its
+    parent living on), after the usual attention (Q/K normed after RoPE) and SwiGLU FFN."""
+    d, g = b.d, b.g
+    inp = b.norm(b.inp_embd(), weight=False)
+    skip_src = inp
+    for il in b.each_layer():
+        cur = b.norm(inp, weight=False)
+        q, k, v = _qkv(b, il, cur)
+        q, k = b.norm(b.rope(q)), b.norm(b.rope(k), weight=False)
+        cur = b.attn_kv(il, q, k, v)
+        cur, inp, skip = b.last_rows(il, cur, inp, skip_src)
+        ffn_inp = g.op("add", cur, inp)
+        cur = g.op("add", b.ffn(b.norm(ffn_inp, weight=False), d.n_ff[il]), ffn_inp)
+        inp = g.op("add", cur, g.op("mul", skip, g.weight(d.n_embd)))
+    b.output_head(inp, logit_scale=True)
+
+
+def _graph_hrm(b: _Builder) -> None:
+    """src/models/hrm-text.cpp: the embeddings (zH) stay live under every stack; each stack
+    reads zH + zL (zL starting as a learned vector), runs weightless pre-norm layers whose
+    attention has a sigmoid output gate, ends in a weightless norm, and becomes the next
+    zL (the last one zH). Rows are selected only for the output head. The cycle counts are
+    not in ModelMeta, so every layer is laid out as a stack of its own (test-llama-archs'
+    model: one layer per stack, one cycle each)."""
+    d, g = b.d, b.g
+    z_h = b.inp_embd()
+    z_l = g.weight(d.n_embd)
+    for il in b.each_layer():
+        inp = g.op("add", z_h, z_l)
+        cur = b.norm(inp, weight=False)
+        q, k, v = _qkv(b, il, cur)
+        gate = b.linear(cur, d.n_head[il] * d.head_v)
+        cur = b.attn_kv(il, b.rope(q), b.rope(k), v, wo=False)
+        cur = g.op("mul", cur, g.op("unary", gate))
+        ffn_inp = g.op("add", b.linear(cur, d.n_embd), inp)
+        cur = g.op("add", b.ffn(b.norm(ffn_inp, weight=False), d.n_ff[il]), ffn_inp)
+        z_l = b.norm(cur, weight=False)
+    b.output_head(g.get_rows(z_l, b.out_ids()))
 
 
 def _graph_gemma(b: _Builder) -> None:
@@ -1813,6 +2033,17 @@ _VERIFIED: dict[str, _Build] = {
     "nemotron_h": _graph_nemotron_h,
     "rwkv7": _graph_rwkv7,
 }
+# Families laid out from b11434's source and dump (test-llama-archs' models), not from the
+# test engine's fixtures: they keep the generic margin.
+_LAID_OUT: dict[str, _Build] = {
+    "phi2": _graph_parallel,
+    "command-r": _graph_parallel,
+    "cohere2": _graph_parallel,
+    "cohere2moe": _graph_parallel,
+    "plamo": _graph_parallel,
+    "talkie": _graph_talkie,
+    "hrm_text": _graph_hrm,
+}
 # Close relatives laid out as a verified family, not measured here: they get the margin.
 _RELATIVES: dict[str, _Build] = {
     "lfm2moe": _graph_lfm2,
@@ -1949,6 +2180,8 @@ def _layout_of(meta: ModelMeta) -> tuple[_Build, float]:
         return _VERIFIED[arch], GENERIC_MARGIN if unmeasured else 1.0
     if arch in _RELATIVES:
         return _RELATIVES[arch], GENERIC_MARGIN
+    if arch in _LAID_OUT:
+        return _LAID_OUT[arch], GENERIC_MARGIN
     if meta.is_recurrent or meta.ssm or meta.rwkv or meta.mla or not meta.causal:
         raise SizingError(
             f"{meta.name}: no compute-buffer layout for architecture {arch!r} "
