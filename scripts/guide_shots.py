@@ -28,7 +28,6 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -205,31 +204,11 @@ def open_url(app: Any, tmp: Path, out: Path) -> None:
 
 
 def get_models(app: Any, tmp: Path, out: Path) -> None:
-    from http.server import ThreadingHTTPServer
-
-    from gguf import GGMLQuantizationType as Q
-
     from qmgui.ui.get_models import GetModelsDialog
-    from tests.synth.factory import PRESETS, write_gguf, write_split
-    from tests.test_hub import Hub, _Handler
+    from tests.test_hub import start_hub
 
-    root = tmp / "repo"
-    root.mkdir()
-    spec = PRESETS["llama"]
-    write_gguf(root / "Tiny-Q4_K_M.gguf", replace(spec, weight_type=Q.Q4_0))
-    write_gguf(root / "Tiny-Q8_0.gguf", replace(spec, weight_type=Q.Q8_0))
-    split = tmp / "split"
-    split.mkdir()
-    for i, p in enumerate(write_split(split, spec, n_shards=2), start=1):
-        p.rename(root / f"Tiny-F16-{i:05d}-of-00002.gguf")
-    state = Hub(root)
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), type("H", (_Handler,), {"hub": state}))
-    httpd.daemon_threads = True
-    port = httpd.server_address[1]
-    state.base, state.cdn = f"http://127.0.0.1:{port}", f"http://localhost:{port}"
+    state, httpd, thread = start_hub(tmp)
     os.environ["HF_ENDPOINT"] = state.base
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05})
-    thread.start()
     try:
         dest = tmp / "downloads"
         dest.mkdir()

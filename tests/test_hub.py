@@ -168,6 +168,31 @@ class _Handler(BaseHTTPRequestHandler):
                         time.sleep(self.hub.slow_s)
 
 
+def start_hub(folder: Path) -> tuple[Hub, ThreadingHTTPServer, threading.Thread]:
+    """A stand-in for the Hugging Face API on 127.0.0.1 serving one repository (three GGUF
+    models: Q4_K_M, Q8_0 and a two-shard F16) from `folder`/repo; running until shut down
+    (also `scripts/guide_shots.py`'s, for the guide's picture)."""
+    root = folder / "repo"
+    root.mkdir()
+    spec = PRESETS["llama"]
+    write_gguf(root / "Tiny-Q4_K_M.gguf", replace(spec, weight_type=Q.Q4_0))
+    write_gguf(root / "Tiny-Q8_0.gguf", replace(spec, weight_type=Q.Q8_0))
+    split_dir = folder / "split"
+    split_dir.mkdir()
+    for i, p in enumerate(write_split(split_dir, spec, n_shards=2), start=1):
+        p.rename(root / f"Tiny-F16-{i:05d}-of-00002.gguf")
+    state = Hub(root)
+    handler = type("Handler", (_Handler,), {"hub": state})
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    httpd.daemon_threads = True
+    port = httpd.server_address[1]
+    state.base, state.cdn = f"http://127.0.0.1:{port}", f"http://localhost:{port}"
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.daemon = True
+    thread.start()
+    return state, httpd, thread
+
+
 @pytest.fixture
 def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Hub]:
     for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
@@ -175,27 +200,10 @@ def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Hub]:
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
-    root = tmp_path / "repo"
-    root.mkdir()
-    spec = PRESETS["llama"]
-    write_gguf(root / "Tiny-Q4_K_M.gguf", replace(spec, weight_type=Q.Q4_0))
-    write_gguf(root / "Tiny-Q8_0.gguf", replace(spec, weight_type=Q.Q8_0))
-    split_dir = tmp_path / "split"
-    split_dir.mkdir()
-    for i, p in enumerate(write_split(split_dir, spec, n_shards=2), start=1):
-        p.rename(root / f"Tiny-F16-{i:05d}-of-00002.gguf")
-    (root / "mmproj-Tiny-F16.gguf").write_bytes(b"GGUF" + bytes(2000))
-    state = Hub(root)
-    handler = type("Handler", (_Handler,), {"hub": state})
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    httpd.daemon_threads = True
-    port = httpd.server_address[1]
-    state.base, state.cdn = f"http://127.0.0.1:{port}", f"http://localhost:{port}"
+    state, httpd, thread = start_hub(tmp_path)
+    (state.root / "mmproj-Tiny-F16.gguf").write_bytes(b"GGUF" + bytes(2000))
     monkeypatch.setenv("HF_ENDPOINT", state.base)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub-cache"))
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05})
-    thread.daemon = True
-    thread.start()
     try:
         yield state
     finally:

@@ -73,11 +73,7 @@ def test_a_gated_repository_says_hf_token(qtbot, dialog: GetModelsDialog, hub_se
 def test_cancel_keeps_the_part_and_a_second_download_resumes(  # type: ignore[no-untyped-def]
     qtbot, dialog: GetModelsDialog, hub_server: Hub
 ) -> None:
-    dialog.query.setText("tiny")
-    dialog.search()
-    qtbot.waitUntil(lambda: dialog.repos.count() == 1, timeout=WAIT_MS)
-    dialog.repos.setCurrentRow(0)
-    qtbot.waitUntil(lambda: dialog.models.topLevelItemCount() == 3, timeout=WAIT_MS)
+    _list_tiny(qtbot, dialog)
     row = next(
         dialog.models.topLevelItem(i)
         for i in range(3)
@@ -105,6 +101,15 @@ def test_cancel_keeps_the_part_and_a_second_download_resumes(  # type: ignore[no
     assert not part.exists()
 
 
+def _list_tiny(qtbot, dialog: GetModelsDialog) -> None:  # type: ignore[no-untyped-def]
+    """Search "tiny", open the one repository, wait for its three models."""
+    dialog.query.setText("tiny")
+    dialog.search()
+    qtbot.waitUntil(lambda: dialog.repos.count() == 1, timeout=WAIT_MS)
+    dialog.repos.setCurrentRow(0)
+    qtbot.waitUntil(lambda: dialog.models.topLevelItemCount() == 3, timeout=WAIT_MS)
+
+
 def _pick(dialog: GetModelsDialog, quant: str) -> None:
     row = next(
         dialog.models.topLevelItem(i)
@@ -117,11 +122,7 @@ def _pick(dialog: GetModelsDialog, quant: str) -> None:
 def test_a_second_download_is_queued_and_runs_after_the_first(  # type: ignore[no-untyped-def]
     qtbot, dialog: GetModelsDialog, hub_server: Hub
 ) -> None:
-    dialog.query.setText("tiny")
-    dialog.search()
-    qtbot.waitUntil(lambda: dialog.repos.count() == 1, timeout=WAIT_MS)
-    dialog.repos.setCurrentRow(0)
-    qtbot.waitUntil(lambda: dialog.models.topLevelItemCount() == 3, timeout=WAIT_MS)
+    _list_tiny(qtbot, dialog)
     hub_server.slow_s = 0.02
     _pick(dialog, "Q8_0")
     dialog.download_button.click()
