@@ -264,6 +264,11 @@ class MainWindow(QMainWindow):
         self.badge_timer.setSingleShot(True)
         self.badge_timer.setInterval(BADGE_DELAY_MS)
         self.badge_timer.timeout.connect(lambda: self._refresh_badges(clear=False))
+        self.split_timer = QTimer(self)  # the detail split follows the plan's height
+        self.split_timer.setSingleShot(True)
+        self.split_timer.setInterval(0)
+        self.split_timer.timeout.connect(self._fit_detail_split)
+        self.split_timer.timeout.connect(self._check_settled)
         self.replan_timer = QTimer(self)
         self.replan_timer.setSingleShot(True)
         self.replan_timer.setInterval(REPLAN_THROTTLE_MS)
@@ -523,7 +528,7 @@ class MainWindow(QMainWindow):
         return self._scanned and not (
             self.scanner.busy or self.planner.busy or self.badger.busy or self.fitter.busy
             or self.offerer.busy or self.remote.busy or self.replan_timer.isActive()
-            or self.badge_timer.isActive()
+            or self.badge_timer.isActive() or self.split_timer.isActive()
         )  # fmt: skip
 
     def _check_settled(self) -> None:
@@ -1045,7 +1050,7 @@ class MainWindow(QMainWindow):
             shown=(outcome.shown_bash, outcome.shown_powershell),
         )  # fmt: skip
         self._sync_start_button()
-        QTimer.singleShot(0, self._fit_detail_split)  # once the new rows are laid out
+        self.split_timer.start()  # the plan's height, once its new rows are laid out
         self._start_if_asked(outcome)
 
     def _show_measured(self, outcome: PlanOutcome) -> None:

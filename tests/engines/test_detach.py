@@ -187,6 +187,13 @@ def test_a_supervised_engine_is_left_running_and_adopted_with_its_log(
     adopted = Adopted(entry, registry=registry, poll_s=0.1)
     adopted.start()
     assert adopted.wait_ready(10)
+    # the log follower reads the file on its own thread: give it a moment on a busy machine
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not (
+        any("child starting" in ln for ln in adopted.log.tail())
+        and any("after the adoption" in ln for ln in adopted.log.tail())
+    ):
+        time.sleep(0.05)
     assert adopted.logs and any("child starting" in ln for ln in adopted.log.tail())
     assert any("after the adoption" in ln for ln in adopted.log.tail())
     assert adopted.uptime_s() > 0 and adopted.url == sup.url
