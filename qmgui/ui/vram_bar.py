@@ -329,9 +329,7 @@ class MemoryPanel(QWidget):
         self.checked.setWordWrap(True)
         self.checked.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.checked.hide()
-        check_row = QHBoxLayout()
-        check_row.addWidget(self.checked, 1)
-        check_row.addWidget(self.check, 0, Qt.AlignmentFlag.AlignTop)
+        verdict_row.addWidget(self.check, 0, Qt.AlignmentFlag.AlignTop)  # no row of its own
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(8)
@@ -340,7 +338,7 @@ class MemoryPanel(QWidget):
         layout.addWidget(self.legend)
         layout.addLayout(verdict_row)
         layout.addWidget(self.measured)
-        layout.addLayout(check_row)
+        layout.addWidget(self.checked)
 
     def set_bars(self, specs: list[BarSpec]) -> None:
         while len(self.bars) < len(specs):
