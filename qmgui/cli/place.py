@@ -26,7 +26,7 @@ from qmgui.core.placement import AutoContext, Placed, Placement, Request, Unplac
 from qmgui.core.profile import apply_profile
 from qmgui.core.units import format_bytes, parse_size
 from qmgui.hw.host import read_ram
-from qmgui.service.launch import Resolver, UsageError, load_quietly
+from qmgui.service.launch import Resolver, UsageError, backend_build, load_quietly
 from qmgui.service.profile import profile_of
 
 EXIT_OK = 0
@@ -389,13 +389,8 @@ def _backend_build(args: argparse.Namespace, entries: dict[str, ModelEntry]) -> 
     """The llama.cpp build of `--backend` (probed: its --version), None without it."""
     if not args.backend or not entries:
         return None
-    resolver = Resolver(
-        load_quietly(), backend_arg=args.backend, engine="llama", probe=not args.no_probe
-    )
-    target = resolver.target(next(iter(entries.values())))
-    if isinstance(target, str):
-        raise ValueError(f"--backend {args.backend}: {target}")
-    return target.build
+    entry = next(iter(entries.values()))
+    return backend_build(args.backend, entry, probe=not args.no_probe, source=SOURCE)
 
 
 OS_FLOOR = 2 << 30  # RAM left to the system and desktop when models are placed in host memory

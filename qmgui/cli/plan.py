@@ -7,7 +7,6 @@ import json
 import math
 import os
 import re
-import shutil
 from dataclasses import replace
 from typing import Any, TextIO
 
@@ -29,6 +28,7 @@ from qmgui.core.fit import (
     FitResult,
     check,
     nearest_fit,
+    noted,
 )
 from qmgui.core.footprint import Gpu
 from qmgui.core.launch import (
@@ -44,7 +44,7 @@ from qmgui.core.units import format_bytes, parse_size
 from qmgui.hw.gpus import as_gpus, local_gpus
 from qmgui.hw.host import read_ram
 from qmgui.hw.profiles import lookup
-from qmgui.service.disk import disk_advice, with_disk_note
+from qmgui.service.disk import disk_advice
 
 EXIT_OK = 0  # the launch fits
 EXIT_NO_FIT = 1  # it does not fit (the nearest setting that fits is printed, when one does)
@@ -411,7 +411,8 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
             args.build if args.build is not None else _backend_build(args, entry)
         )
         budget = Budget(gpus=gpus, gpu_reserve=reserve, host_bytes=host, rules=rules)
-        result = _noted(with_disk_note(check(entry.meta, settings, budget), disk), rules_note)
+        result = noted(check(entry.meta, settings, budget), disk.note, disk.warning)
+        result = noted(result, rules_note)
         near = None if result.fits else nearest_fit(entry.meta, settings, budget)
     except (SizingError, ValueError) as e:  # ValueError: a --backend that cannot be used
         notify.error(str(e), source="plan")
@@ -452,13 +453,9 @@ def _engine_check(
     if not command.runnable:
         return {"devices": [], "error": "; ".join(command.warnings)}
     fit = run_fit_check(command.argv)
-    planned = {
-        d.name: (d.weights, d.kv + d.recurrent + d.output, d.compute)
-        for d in result.footprint.devices
-    }
     return {
         "engine": target.executable,
-        "devices": compared(fit.devices, planned),
+        "devices": compared(fit.devices, result.footprint.devices),
         "error": fit.error or None,
     }
 
@@ -482,34 +479,13 @@ def _print_check(checked: dict[str, Any], out: TextIO) -> None:
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # MODEL written as a URL, not a path
 
 
-def _noted(result: FitResult, note: str) -> FitResult:
-    if not note:
-        return result
-    fp = result.footprint
-    return replace(result, footprint=replace(fp, notes=(*fp.notes, note)))
-
-
 def _backend_build(args: argparse.Namespace, entry: ModelEntry) -> int | None:
     """The build of `--backend` (probed once: its --version and --help), None without it."""
     if not getattr(args, "backend", None):
         return None
-    from qmgui.service.launch import Resolver, load_quietly  # noqa: PLC0415 - --backend only
+    from qmgui.service.launch import backend_build  # noqa: PLC0415 - --backend only
 
-    target = Resolver(load_quietly(), backend_arg=args.backend).target(entry)
-    if isinstance(target, str):
-        raise ValueError(f"--backend {args.backend}: {target}")
-    if shutil.which(target.executable) is None:
-        raise ValueError(
-            f"--backend {args.backend}: {target.executable} is not an executable here; give a "
-            "registry id (qmgui backends list) or the engine's path, or --build N"
-        )
-    if target.build is None:
-        notify.warning(
-            f"{target.executable} does not say which llama.cpp build it is; sized by the "
-            "default rules",
-            source="plan",
-        )
-    return target.build
+    return backend_build(args.backend, entry)
 
 
 def _read_remote(url: str) -> tuple[ModelEntry, dict[str, int]]:

@@ -104,6 +104,17 @@ def check(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> FitResul
     )
 
 
+def noted(result: FitResult, note: str = "", warning: str = "") -> FitResult:
+    """`result` with a note on its plan (which rule applied, and why) and a warning, each
+    when given: the disk rule, another build's rules."""
+    if note:
+        fp = result.footprint
+        result = replace(result, footprint=replace(fp, notes=(*fp.notes, note)))
+    if warning:
+        result = replace(result, warnings=(*result.warnings, warning))
+    return result
+
+
 def context_warnings(meta: ModelMeta, fp: Footprint) -> tuple[str, ...]:
     """A context per slot beyond the trained one: the engine allocates it (as planned) and
     warns of a possible training context overflow; say the same, with what it means."""

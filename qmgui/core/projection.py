@@ -12,8 +12,10 @@ changes, which a fully given command does not need)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from qmgui.core.footprint import DeviceFootprint
 from qmgui.core.units import MIB
 
 MARK = "common_memory_breakdown_print:"
@@ -74,11 +76,13 @@ def parse_projection(log: str) -> tuple[ProjectedDevice, ...]:
 
 
 def compared(
-    projection: tuple[ProjectedDevice, ...], planned: dict[str, tuple[int, int, int]]
+    projection: tuple[ProjectedDevice, ...], devices: Sequence[DeviceFootprint]
 ) -> list[dict[str, object]]:
-    """Each device side by side: qmgui's (weights, context, compute) bytes per plan device
-    name ("GPU0"…, "CPU") against the engine's MiB, matched in order (GPUs, then the host).
-    The engine floors to whole MiB, so a difference under 1 MiB per part is agreement."""
+    """Each device side by side: the plan's weights, context (KV, recurrent state, output)
+    and compute per device ("GPU0"…, "CPU") against the engine's MiB, matched in order
+    (GPUs, then the host). The engine floors to whole MiB, so a difference under 1 MiB per
+    part is agreement."""
+    planned = {d.name: (d.weights, d.kv + d.recurrent + d.output, d.compute) for d in devices}
     gpus = [d for d in projection if not d.is_host]
     host = next((d for d in projection if d.is_host), None)
     names = [n for n in planned if n != "CPU"]

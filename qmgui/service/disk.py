@@ -10,7 +10,6 @@ from dataclasses import replace
 
 from qmgui.core.discovery import ModelEntry
 from qmgui.core.disk import MmapAdvice, mmap_advice
-from qmgui.core.fit import FitResult
 from qmgui.core.launch import LaunchSettings
 
 LOCAL = MmapAdvice(True)
@@ -38,13 +37,3 @@ def disk_advice(
         ram_bytes = read_ram()[0]
     advice = mmap_advice(mount.fstype, mount.source, entry.size_bytes, ram_bytes)
     return (settings if advice.mmap else replace(settings, mmap=False)), advice
-
-
-def with_disk_note(result: FitResult, advice: MmapAdvice) -> FitResult:
-    """The plan with the disk rule's note (which way the weights are read, and why) and its
-    warning, when there is one."""
-    if not advice.note:
-        return result
-    fp = replace(result.footprint, notes=(*result.footprint.notes, advice.note))
-    warnings = (*result.warnings, advice.warning) if advice.warning else result.warnings
-    return replace(result, footprint=fp, warnings=warnings)

@@ -210,6 +210,32 @@ class Resolver:
         return replace(target, supported=supported, valueless=valueless, build=build)
 
 
+def backend_build(
+    backend_arg: str, entry: ModelEntry, *, probe: bool = True, source: str = "plan"
+) -> int | None:
+    """The llama.cpp build of the backend `--backend ID|PATH` names (its --version, probed
+    once), whose rules size `entry`'s plan; ValueError with a sentence when it names nothing
+    runnable here. None (said) when the build does not say which it is; without probing
+    (`place --no-probe`: commands for another machine) None, unsaid: the default rules."""
+    target = Resolver(load_quietly(), backend_arg=backend_arg, engine="llama", probe=probe).target(
+        entry
+    )
+    if isinstance(target, str):
+        raise ValueError(f"--backend {backend_arg}: {target}")
+    if probe and shutil.which(target.executable) is None:  # unprobed: commands for elsewhere
+        raise ValueError(
+            f"--backend {backend_arg}: {target.executable} is not an executable here; give a "
+            "registry id (qmgui backends list) or the engine's path, or --build N"
+        )
+    if target.build is None and probe:
+        notify.warning(
+            f"{target.executable} does not say which llama.cpp build it is; sized by the "
+            "default rules",
+            source=source,
+        )
+    return target.build
+
+
 def kind_for(entry: ModelEntry, *, executable: str | None = None) -> str:
     """The engine kind for a model: from the executable's name when it says, else the model."""
     if executable:

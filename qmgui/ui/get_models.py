@@ -50,15 +50,10 @@ class _Progress(QObject):
 
 
 def this_machine() -> tuple[str, tuple[Any, ...]]:
-    """This machine's GPUs as NVML reads them now (worker), with a label."""
-    from qmgui.core.footprint import Gpu  # noqa: PLC0415
-    from qmgui.hw.gpus import local_gpus  # noqa: PLC0415
+    """This machine's GPUs as they read now (worker), with a label."""
+    from qmgui.hw.gpus import as_gpus, local_gpus  # noqa: PLC0415
 
-    gpus = tuple(
-        Gpu(name=f"GPU{r.index}", total_bytes=r.total_bytes, free_bytes=r.free_bytes)
-        for r in local_gpus()
-    )
-    return "this machine", gpus
+    return "this machine", as_gpus(local_gpus(), lambda g: f"GPU{g.index}")
 
 
 def _list_repo(

@@ -1082,11 +1082,7 @@ class MainWindow(QMainWindow):
             from qmgui.engines.fit_check import run_fit_check  # noqa: PLC0415
 
             checked = run_fit_check(argv)
-            planned = {
-                d.name: (d.weights, d.kv + d.recurrent + d.output, d.compute)
-                for d in fit.footprint.devices
-            }
-            return o.entry.id, compared(checked.devices, planned), checked.error
+            return o.entry.id, compared(checked.devices, fit.footprint.devices), checked.error
 
         self.checker.submit(task)
 

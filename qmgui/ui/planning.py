@@ -23,6 +23,7 @@ from qmgui.core.fit import (
     check,
     max_context,
     nearest_fit,
+    noted,
     offload_for_context,
 )
 from qmgui.core.footprint import EngineRules
@@ -34,7 +35,7 @@ from qmgui.core.units import MIB
 from qmgui.core.vllm import VllmPins, VllmPlan, plan_vllm
 from qmgui.engines.bench import BenchStore
 from qmgui.engines.model_ports import choose_port
-from qmgui.service.disk import disk_advice, with_disk_note
+from qmgui.service.disk import disk_advice
 from qmgui.service.launch import (
     Request,
     Resolver,
@@ -234,20 +235,18 @@ def plan_model(
     if plannable(entry):
         assert entry.meta is not None
         try:
-            fit = with_disk_note(check(entry.meta, sized_settings, budget), disk)
-            if rules_note:
-                fit = replace(
-                    fit, footprint=replace(fit.footprint, notes=(*fit.footprint.notes, rules_note))
-                )
+            fit = noted(check(entry.meta, sized_settings, budget), disk.note, disk.warning)
+            fit = noted(fit, rules_note)
             if not fit.fits:
                 fit = replace(fit, nearest=nearest_fit(entry.meta, sized_settings, budget))
         except SizingError as e:
             error = str(e)
     else:
         error = entry.error or "qmgui sizes llama-server launches of GGUF language models only"
-    req = Request(settings=settings, gpus=sized.gpus, reserve=reserve_mib * MIB,
+    # the disk rule is applied above (one look at the mount table per plan): "mmap" is given
+    req = Request(settings=sized_settings, gpus=sized.gpus, reserve=reserve_mib * MIB,
                   port=choose_port(resolver.loaded.settings, entry.id),
-                  extra=(), devices=devices, given=given)  # fmt: skip
+                  extra=(), devices=devices, given=given | {"mmap"})  # fmt: skip
     command, engine, vllm, missing = _emit(entry, target, req, resolver, extra_args)
     if vllm is not None and vllm.breakdown is not None and not vllm.skipped:
         error = None  # sized: by vLLM's rules (core.vllm), not llama.cpp's
@@ -261,7 +260,7 @@ def plan_model(
         shown_bash, shown_ps = quote_bash(argv, env), quote_powershell(argv, env)
     vllm_gpus = tuple(g.name for g in sized.gpus[: vllm.tensor_parallel]) if vllm else ()
     return PlanOutcome(
-        entry, settings, hw, fit, error, command, bash, ps, engine, shown_bash, shown_ps,
+        entry, sized_settings, hw, fit, error, command, bash, ps, engine, shown_bash, shown_ps,
         vllm, vllm_gpus, missing, last_measured(entry, command), disk.note,
     )  # fmt: skip
 

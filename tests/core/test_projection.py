@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from qmgui.core.footprint import DeviceFootprint
 from qmgui.core.projection import ProjectedDevice, compared, parse_projection
 from qmgui.core.units import MIB
 
@@ -26,10 +27,11 @@ def test_the_first_table_is_read() -> None:
 
 
 def test_compared_matches_devices_in_order_and_floors() -> None:
-    planned = {
-        "GPU0": (2000 * MIB + 5, 500 * MIB, 500 * MIB + MIB // 2),  # within the floor: agrees
-        "CPU": (0, 1 * MIB, 7 * MIB),  # 2 MiB more compute than the engine: differs
-    }
+    planned = (  # context is KV + recurrent state + output
+        DeviceFootprint("GPU0", weights=2000 * MIB + 5, kv=400 * MIB, output=100 * MIB,
+                        compute=500 * MIB + MIB // 2),  # within the floor: agrees
+        DeviceFootprint("CPU", kv=MIB, compute=7 * MIB),  # 2 MiB more compute: differs
+    )  # fmt: skip
     gpu, host = compared(parse_projection(LOG), planned)
     assert gpu["device"] == "GPU0" and gpu["engine_device"] == "CUDA0 (H200)" and gpu["agrees"]
     assert host["device"] == "CPU" and not host["agrees"]

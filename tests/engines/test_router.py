@@ -7,6 +7,7 @@ starts is stopped by the `registry` fixture.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -82,6 +83,21 @@ def _argv(models: list[Path], *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
+@contextlib.contextmanager
+def serving(models: list[Path], llama: str, *extra: str) -> Iterator[subprocess.Popen[str]]:
+    """`qmgui serve --router MODELS… EXTRA` in the foreground, killed at the end if still up."""
+    proc = subprocess.Popen(
+        _argv(models, *extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=_env(llama), cwd=ROOT,
+    )  # fmt: skip
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
 def get(url: str, path: str, body: dict[str, Any] | None = None) -> Any:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(
@@ -142,15 +158,7 @@ def read_ready(proc: subprocess.Popen[str]) -> str:
 
 
 def test_router_over_three_models(registry: RunRegistry, models: list[Path], llama: str) -> None:
-    proc = subprocess.Popen(
-        _argv(models, "--models-max", "2"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(llama),
-        cwd=ROOT,
-    )
-    try:
+    with serving(models, llama, "--models-max", "2") as proc:
         url = read_ready(proc)
         [entry] = registry.running()
         assert entry.pgid == entry.pid
@@ -178,10 +186,6 @@ def test_router_over_three_models(registry: RunRegistry, models: list[Path], lla
         assert wait_gone(entry.pgid) == []
         assert not any(psutil.pid_exists(c.pid) and c.status() != "zombie" for c in children)
         assert registry.running() == []
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
 
 
 def test_a_serving_router_follows_a_saved_profile(
@@ -192,11 +196,7 @@ def test_a_serving_router_follows_a_saved_profile(
     loads it with two slots."""
     from qmgui.cli import main
 
-    proc = subprocess.Popen(
-        _argv(models[:2]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=_env(llama), cwd=ROOT,
-    )  # fmt: skip
-    try:
+    with serving(models[:2], llama) as proc:
         url = read_ready(proc)
         [entry] = registry.running()
         preset = Path(entry.argv[entry.argv.index("--models-preset") + 1])
@@ -222,10 +222,6 @@ def test_a_serving_router_follows_a_saved_profile(
         assert proc.wait(30) == 0
         assert proc.stderr is not None
         assert "preset updated" in proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
 
 
 def test_a_detached_router_is_adopted_and_stopped_with_its_models(
