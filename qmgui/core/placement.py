@@ -34,6 +34,16 @@ The rules, in order, and why:
 - A model that fits nowhere is a result (`Unplaced`) with the reason and the nearest settings
   that fit: a shorter context, a q8_0 KV cache where the engine accepts it for that model, or
   partial offload (`fit.offload_for_context`).
+- Replicas: requests that share an `apart` key (the replicas of one role, `core.roles`) never
+  share a card, so each replica has a card of its own to serve from.
+- Slots (`Request.max_slots`): after the contexts have grown, a request's slots grow toward
+  `max_slots` (bisection on its cards), each slot keeping the context reached with one, so a
+  card serves as many full windows as it holds and no more.
+- Idle cards (`widen_idle`): a card nothing runs on, once everything is placed, widens the
+  context of a model still below its target: the model is split over its cards and the idle
+  ones (roomiest first, the fewest that reach the target), when that gives it more context.
+- Stages (`place_stages`): each stage is placed against what the earlier stages left, so the
+  search roles are sized first and chat gets the rest (`core.roles`).
 
 The estimator is injected (`estimate=`) so tests and what-if tools can size with anything that
 maps (meta, settings, gpus) to a `Footprint`.
@@ -115,6 +125,10 @@ class Request:
     settings: LaunchSettings = field(default_factory=LaunchSettings)
     context: AutoContext | None = None
     pin: Pin | None = None
+    # requests with the same key never share a card (the replicas of one role)
+    apart: str | None = None
+    # grow the slots toward this after the context, each slot keeping the context reached
+    max_slots: int | None = None
 
 
 @dataclass(frozen=True)
@@ -313,22 +327,38 @@ class _Placer:
         self.by_name = {g.name: g for g in self.gpus}
         self.room = room
         self.estimate = estimate
+        self.taken: dict[str, set[str]] = {}  # `apart` key -> the cards its requests hold
+
+    def avoid(self, req: Request) -> frozenset[str]:
+        """The cards `req` may not use: those its `apart` siblings hold."""
+        return frozenset(self.taken.get(req.apart, ())) if req.apart else frozenset()
+
+    def put(self, tried: _Try, req: Request, notes: list[str], *, pinned: bool = False) -> Placed:
+        """Charge `tried` and record its cards for `req`'s siblings."""
+        self.room.charge(_fp(tried), tried.cards)
+        if req.apart:
+            self.taken.setdefault(req.apart, set()).update(c.name for c in tried.cards)
+        return _placed(tried, req, self.index, notes, pinned=pinned)
 
     def size(self, meta: ModelMeta, s: LaunchSettings, cards: tuple[Gpu, ...]) -> _Try:
         return _size(meta, s, cards, self.room, self.estimate)
 
-    def by_room(self) -> list[Gpu]:
+    def by_room(self, avoid: frozenset[str] = frozenset()) -> list[Gpu]:
         """Cards with room, the roomiest first (ties: the lower index)."""
-        cards = [g for g in self.gpus if self.room.gpu[g.name] > 0]
+        cards = [g for g in self.gpus if self.room.gpu[g.name] > 0 and g.name not in avoid]
         return sorted(cards, key=lambda g: (-self.room.gpu[g.name], self.index[g.name]))
 
-    def single(self, meta: ModelMeta, s: LaunchSettings) -> tuple[_Try | None, _Try | None]:
+    def single(
+        self, meta: ModelMeta, s: LaunchSettings, avoid: frozenset[str] = frozenset()
+    ) -> tuple[_Try | None, _Try | None]:
         """(the best-fitting single card, the attempt on the roomiest card)."""
         best: _Try | None = None
         best_key: tuple[int, int] | None = None
         roomiest: _Try | None = None
-        ranked = self.by_room()
+        ranked = self.by_room(avoid)
         for g in self.gpus:
+            if g.name in avoid:
+                continue
             t = self.size(meta, s, (g,))
             if ranked and g is ranked[0]:
                 roomiest = t
@@ -360,9 +390,11 @@ class _Placer:
             tried = self.size(meta, replace(s, tensor_split=split), cards)
         return tried
 
-    def split(self, meta: ModelMeta, s: LaunchSettings) -> tuple[_Try | None, _Try | None]:
+    def split(
+        self, meta: ModelMeta, s: LaunchSettings, avoid: frozenset[str] = frozenset()
+    ) -> tuple[_Try | None, _Try | None]:
         """(the split over the fewest roomiest cards that fits, the attempt over all of them)."""
-        ranked = self.by_room()
+        ranked = self.by_room(avoid)
         last: _Try | None = None
         for k in range(2, len(ranked) + 1):
             last = self.spread(meta, s, _engine_order(ranked[:k], self.room, self.index))
@@ -371,19 +403,25 @@ class _Placer:
         return None, last
 
     def anywhere(
-        self, meta: ModelMeta, s: LaunchSettings, *, split: bool = True
+        self,
+        meta: ModelMeta,
+        s: LaunchSettings,
+        *,
+        split: bool = True,
+        avoid: frozenset[str] = frozenset(),
     ) -> tuple[_Try | None, list[_Try]]:
         """A single card, else (with `split`) a split; with the failed attempts. Without any
-        card (a machine with no GPU), host memory: every layer on the CPU."""
+        card (a machine with no GPU), host memory: every layer on the CPU. `avoid`: cards
+        not to use (an `apart` sibling's)."""
         if s.n_gpu_layers == 0 or not self.gpus:
             t = self.size(meta, replace(s, n_gpu_layers=0), ())
             return (t if t.fits else None), [t]
-        one, roomiest = self.single(meta, s)
+        one, roomiest = self.single(meta, s, avoid)
         if one is not None:
             return one, []
         if not split:
             return None, [t for t in (roomiest,) if t is not None]
-        many, widest = self.split(meta, s)
+        many, widest = self.split(meta, s, avoid)
         if many is not None:
             return many, []
         return None, [t for t in (roomiest, widest) if t is not None]
@@ -641,6 +679,7 @@ def place(
     host_bytes: int | None = None,
     occupied: Mapping[str, int] | None = None,
     grow_context: bool = True,
+    widen_idle: bool = False,
     estimate: Estimator = _footprint.estimate,
 ) -> Placement:
     """Place several models on the GPUs (rules in the module docstring).
@@ -648,7 +687,8 @@ def place(
     `reserve` is kept free on every GPU; `host_bytes` is the host RAM budget for the parts on
     the CPU (None = not checked); `occupied` is memory already in use per device name (GPU
     names and "CPU"), e.g. engines that keep running. `grow_context=False` leaves automatic
-    contexts at their minimum: for callers that only ask whether models fit.
+    contexts at their minimum: for callers that only ask whether models fit. `widen_idle`
+    lets a card left idle widen the context of a model below its target.
     Same inputs, in any order, give the same placement."""
     names = [r.name for r in requests]
     if len(set(names)) != len(names):
@@ -681,10 +721,9 @@ def place(
         notes = [*packed.notes.get(req.name, ())]
         ctx, _ = _contexts(req)
         s = _base(req, ctx)
-        found, failed = placer.anywhere(req.meta, s)
+        found, failed = placer.anywhere(req.meta, s, avoid=placer.avoid(req))
         if found is not None:
-            placer.room.charge(_fp(found), found.cards)
-            placed.append(_placed(found, req, placer.index, notes))
+            placed.append(placer.put(found, req, notes))
             continue
         if req.pin is not None:
             notes.append(placer.pinned(req.meta, s, req.pin)[1])
@@ -694,8 +733,157 @@ def place(
         unplaced.append(Unplaced(req.name, reason, nearest, tuple(notes)))
     if grow_context:
         _grow_all(placer, placed, requests)
+        if widen_idle:
+            _widen_all(placer, placed, requests, used)
+        _grow_slots_all(placer, placed, requests)
     cards, host = _loads(gpus, placed, reserve=reserve, host_bytes=host_bytes, occupied=used)
     return Placement(tuple(placed), tuple(unplaced), cards, host)
+
+
+def place_stages(
+    stages: Sequence[Sequence[Request]],
+    gpus: Sequence[Gpu],
+    *,
+    reserve: int = DEFAULT_GPU_RESERVE,
+    host_bytes: int | None = None,
+    occupied: Mapping[str, int] | None = None,
+    widen_idle: bool = False,
+    estimate: Estimator = _footprint.estimate,
+) -> Placement:
+    """Place `stages` one after the other, each against the room the earlier ones left (the
+    search roles first, chat against what is left: `core.roles`); one placement of them all.
+
+    With `widen_idle`, a card still idle after the last stage widens the context of a model
+    below its target (whichever stage placed it, in placement order)."""
+    names = [r.name for stage in stages for r in stage]
+    if len(set(names)) != len(names):
+        raise SizingError("two models to place have the same name; each needs its own")
+    first = dict(occupied or {})
+    used = dict(first)
+    sizing = memoized(estimate)
+    placed: list[Placed] = []
+    unplaced: list[Unplaced] = []
+    for stage in stages:
+        p = place(stage, gpus, reserve=reserve, host_bytes=host_bytes, occupied=used,
+                  estimate=sizing)  # fmt: skip
+        for x in p.placed:
+            for d in x.footprint.devices:
+                used[d.name] = used.get(d.name, 0) + d.total
+        placed.extend(p.placed)
+        unplaced.extend(p.unplaced)
+    if widen_idle and placed:
+        room = _Room(
+            {g.name: max(g.available - reserve - used.get(g.name, 0), 0) for g in gpus},
+            None if host_bytes is None else host_bytes - used.get(CPU, 0),
+        )
+        placer = _Placer(gpus, room, sizing)
+        requests = [r for stage in stages for r in stage]
+        _widen_all(placer, placed, requests, first)
+        _grow_slots_all(placer, placed, requests)
+    cards, host = _loads(gpus, placed, reserve=reserve, host_bytes=host_bytes, occupied=first)
+    return Placement(tuple(placed), tuple(unplaced), cards, host)
+
+
+def _grow_slots(placer: _Placer, placed: Placed, meta: ModelMeta, ceiling: int) -> Placed:
+    """The most slots up to `ceiling` whose each keeps the context the model has with one, on
+    its cards (bisection: more slots only ever need more memory)."""
+    fp = placed.footprint
+    if fp.settings.n_seq != 1 or ceiling <= 1:
+        return placed
+    per_slot = fp.settings.n_ctx_seq
+    cards = tuple(placer.by_name[n] for n in placed.devices)
+    room = placer.room.credit(fp, cards)
+
+    def at(n: int) -> _Try:
+        s = replace(placed.settings, parallel=n, ctx_size=n * per_slot)
+        return _size(meta, s, cards, room, placer.estimate)
+
+    n = largest(1, ceiling, lambda n: n == 1 or at(n).fits)
+    if n is None or n == 1:
+        return placed
+    grown = at(n)
+    placer.room = room
+    placer.room.charge(_fp(grown), cards)
+    return replace(placed, settings=grown.settings, footprint=_fp(grown))
+
+
+def _grow_slots_all(placer: _Placer, placed: list[Placed], requests: Sequence[Request]) -> None:
+    by_name = {r.name: r for r in requests}
+    for i, p in enumerate(placed):
+        req = by_name.get(p.name)
+        if req is not None and req.max_slots:
+            placed[i] = _grow_slots(placer, p, req.meta, req.max_slots)
+
+
+def _widen(
+    placer: _Placer, placed: Placed, meta: ModelMeta, target: int, idle: list[Gpu]
+) -> Placed:
+    """`placed` split over its cards and the fewest idle ones (roomiest first) that reach
+    `target`, else all of them; unchanged when that gives it no more context."""
+    fp = placed.footprint
+    have = fp.settings.n_ctx
+    if have >= target or not idle or not placed.devices:
+        return placed
+    own = tuple(placer.by_name[n] for n in placed.devices)
+    before = placer.room
+    room = before.credit(fp, own)
+    placer.room = room
+    best: tuple[int, _Try] | None = None
+    extra = sorted(idle, key=lambda g: (-room.gpu[g.name], placer.index[g.name]))
+    for k in range(1, len(extra) + 1):
+        cards = _engine_order((*own, *extra[:k]), room, placer.index)
+        s = replace(placed.settings, tensor_split=())
+
+        def at(c: int, cards: tuple[Gpu, ...] = cards, s: LaunchSettings = s) -> _Try:
+            return placer.spread(meta, replace(s, ctx_size=c * CTX_PAD), cards)
+
+        c = largest(have // CTX_PAD + 1, target // CTX_PAD, lambda c: at(c).fits)
+        if c is not None and (best is None or c > best[0]):
+            best = (c, at(c))
+        if best is not None and best[0] * CTX_PAD >= target:
+            break
+    if best is None:
+        placer.room = before
+        return placed
+    tried = best[1]
+    placer.room.charge(_fp(tried), tried.cards)
+    names = tuple(c.name for c in tried.cards)
+    added = ", ".join(n for n in names if n not in placed.devices)
+    ts = ",".join(f"{x:g}" for x in tried.settings.tensor_split)
+    note = (
+        f"widened onto idle {added} (tensor split {ts}): {_fp(tried).settings.n_ctx} tokens "
+        f"of context instead of {have}"
+    )
+    return replace(
+        placed,
+        devices=names,
+        gpu_indices=tuple(placer.index[n] for n in names),
+        settings=tried.settings,
+        footprint=_fp(tried),
+        notes=(*placed.notes, note),
+    )
+
+
+def _widen_all(
+    placer: _Placer,
+    placed: list[Placed],
+    requests: Sequence[Request],
+    occupied: Mapping[str, int],
+) -> None:
+    """Let the cards nothing runs on widen the automatic contexts still below their target,
+    in placement order (a card another engine uses is not idle)."""
+    by_name = {r.name: r for r in requests}
+    busy = {n for p in placed for n in p.devices} | {n for n, b in occupied.items() if b > 0}
+    for i, p in enumerate(placed):
+        idle = [g for g in placer.gpus if g.name not in busy and placer.room.gpu[g.name] > 0]
+        req = by_name.get(p.name)
+        if req is None or not idle:
+            continue
+        _, target = _contexts(req)
+        if target is None:
+            continue
+        placed[i] = _widen(placer, p, req.meta, target, idle)
+        busy.update(placed[i].devices)
 
 
 @dataclass
@@ -721,24 +909,23 @@ def _pack(placer: _Placer, reqs: Sequence[Request], size: Mapping[str, int]) -> 
             notes[req.name].append(why)
             auto.append(req)
             continue
-        placer.room.charge(_fp(tried), tried.cards)
-        placed.append(_placed(tried, req, placer.index, notes[req.name], pinned=True))
+        placed.append(placer.put(tried, req, notes[req.name], pinned=True))
     deferred: list[Request] = []
     for req in auto:
-        found, _ = placer.anywhere(req.meta, _base(req, _contexts(req)[0]), split=False)
+        s = _base(req, _contexts(req)[0])
+        found, _ = placer.anywhere(req.meta, s, split=False, avoid=placer.avoid(req))
         if found is None:
             deferred.append(req)
             continue
-        placer.room.charge(_fp(found), found.cards)
-        placed.append(_placed(found, req, placer.index, notes[req.name]))
+        placed.append(placer.put(found, req, notes[req.name]))
     failed: list[Request] = []
     for req in sorted(deferred, key=lambda r: (size[r.name], r.name)):
-        found, _ = placer.anywhere(req.meta, _base(req, _contexts(req)[0]))
+        s = _base(req, _contexts(req)[0])
+        found, _ = placer.anywhere(req.meta, s, avoid=placer.avoid(req))
         if found is None:
             failed.append(req)
             continue
-        placer.room.charge(_fp(found), found.cards)
-        placed.append(_placed(found, req, placer.index, notes[req.name]))
+        placed.append(placer.put(found, req, notes[req.name]))
     return _Packed(placed, failed, notes)
 
 
