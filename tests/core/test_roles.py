@@ -1,0 +1,270 @@
+"""Roles (`core.roles`): reading `ROLE=MODEL[:KEY=VALUE,...]`, and each role's rules on models
+read from synthetic GGUF files (pooling comes from their `<arch>.pooling_type` key)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import gguf
+import pytest
+
+from qmgui.core.discovery import entry_for_path
+from qmgui.core.footprint import estimate
+from qmgui.core.launch import LaunchSettings, resolve
+from qmgui.core.meta import ModelClass, ModelMeta, Pooling
+from qmgui.core.placement import DEFAULT_MIN_CONTEXT, AutoContext, Placed
+from qmgui.core.roles import (
+    CHAT_CTX,
+    CHAT_SLOTS,
+    EMBED_CTX,
+    STAGES,
+    RerankMode,
+    Role,
+    RoleError,
+    RoleSpec,
+    embed_pooling,
+    flash_for,
+    parse_role,
+    replica_count,
+    role_instances,
+    role_launch,
+    role_stages,
+    shortfalls,
+)
+from tests.synth.factory import PRESETS, write_gguf
+
+RANK = int(gguf.PoolingType.RANK)
+
+
+def meta_of(tmp: Path, preset: str, **changes: object) -> ModelMeta:
+    spec = replace(PRESETS[preset], **changes)  # type: ignore[arg-type]
+    path = write_gguf(tmp / f"{preset}-{len(changes)}-{abs(hash(str(changes)))}.gguf", spec)
+    meta = entry_for_path(path).meta
+    assert meta is not None
+    return meta
+
+
+@pytest.fixture(scope="module")
+def metas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModelMeta]:
+    tmp = tmp_path_factory.mktemp("roles")
+    return {
+        "qwen3-embed": meta_of(tmp, "qwen3-embed"),  # causal, pooling_type last
+        "bert": meta_of(tmp, "bert"),  # encoder, pooling_type mean
+        "bert-nopool": meta_of(tmp, "bert", pooling_type=None),  # encoder, no pooling key
+        "bert-rank": meta_of(tmp, "bert", pooling_type=RANK),  # a cross-encoder
+        "qwen3": meta_of(tmp, "qwen3"),  # a decoder-only LM, no pooling key
+        "llama": meta_of(tmp, "llama"),
+    }
+
+
+# --- reading the command line -------------------------------------------------------------------
+
+
+def test_a_role_with_its_keys() -> None:
+    s = parse_role("chat=/m/qwen.gguf:replicas=2,ctx=16384,slots=3,name=talk,ctk=q8_0,fa=on")
+    assert s == RoleSpec(Role.CHAT, "/m/qwen.gguf", replicas=2, ctx=16384, slots=3,
+                         name="talk", ctk="q8_0", fa="on")  # fmt: skip
+    assert parse_role("EMBED=/m/e.gguf") == RoleSpec(Role.EMBED, "/m/e.gguf")
+    assert parse_role("rerank=r.gguf:replicas=auto,mode=llm").replicas is None
+    assert parse_role("rerank=r.gguf:mode=cross").mode is RerankMode.CROSS
+
+
+def test_a_colon_that_is_part_of_the_path_stays_in_the_path() -> None:
+    assert parse_role(r"chat=C:\models\a.gguf").model == r"C:\models\a.gguf"
+    assert parse_role(r"chat=C:\m\a=b.gguf").model == r"C:\m\a=b.gguf"
+    s = parse_role(r"embed=C:\models\e.gguf:ctx=2048")
+    assert (s.model, s.ctx) == (r"C:\models\e.gguf", 2048)
+    assert parse_role("chat=/m/a:b.gguf").model == "/m/a:b.gguf"
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("chat", "write a role as ROLE=MODEL"),
+        ("talk=/m/a.gguf", "unknown role 'talk'"),
+        ("chat=", "names no model"),
+        ("chat=/m/a.gguf:replicas=0", "replicas=0: give 1 to 64"),
+        ("chat=/m/a.gguf:replicas=two", "replicas=two: not a whole number"),
+        ("chat=/m/a.gguf:ctx=-5", "ctx=-5: give 1 to"),
+        ("chat=/m/a.gguf:slots=", "slots= has no value"),
+        ("chat=/m/a.gguf:color=red", "unknown key 'color'"),
+        ("chat=/m/a.gguf:mode=llm", "mode= is for the rerank role"),
+        ("rerank=/m/a.gguf:mode=fast", "mode=fast: one of cross, llm"),
+        ("chat=/m/a.gguf:ctk=q9", "ctk=q9: one of"),
+    ],
+)
+def test_errors_name_the_bad_part(text: str, names: str) -> None:
+    with pytest.raises(RoleError, match=names.replace("(", r"\(")) as e:
+        parse_role(text)
+    assert str(e.value).startswith(repr(text))  # the whole argument, then its bad part
+
+
+# --- embed ------------------------------------------------------------------------------------
+
+
+def test_embed_pooling_comes_from_the_model(metas: dict[str, ModelMeta]) -> None:
+    assert embed_pooling(metas["qwen3-embed"]) is Pooling.LAST  # its pooling_type key
+    assert embed_pooling(metas["bert"]) is Pooling.MEAN
+    assert metas["qwen3"].pooling is Pooling.NONE and metas["qwen3"].causal
+    assert embed_pooling(metas["qwen3"]) is Pooling.LAST  # decoder-only: the last token
+    assert not metas["bert-nopool"].causal
+    assert embed_pooling(metas["bert-nopool"]) is Pooling.MEAN
+    with pytest.raises(RoleError, match="give it the rerank role"):
+        embed_pooling(metas["bert-rank"])
+
+
+def test_embed_is_one_slot_with_batch_and_micro_batch_equal_to_its_context(
+    metas: dict[str, ModelMeta],
+) -> None:
+    m = metas["qwen3-embed"]
+    launch = role_launch(RoleSpec(Role.EMBED, "e"), m, backends=("cuda",))
+    s = launch.settings
+    assert launch.context is None and launch.max_slots is None
+    assert (s.parallel, s.ctx_size, s.batch_size, s.ubatch_size) == (1, EMBED_CTX, EMBED_CTX,
+                                                                      EMBED_CTX)  # fmt: skip
+    assert s.flash_attn == "off"
+    assert (s.cache_type_k, s.cache_type_v) == ("f16", "f16")
+    assert launch.args == ("--pooling", "last")
+    assert launch.meta.model_class is ModelClass.EMBEDDING
+    # the engine takes a whole chunk in one micro-batch
+    r = resolve(launch.meta, s, embeddings=True)
+    assert r.n_ubatch == r.n_batch == EMBED_CTX
+    # a context asked for is the chunk size, capped by the trained context
+    short = role_launch(RoleSpec(Role.EMBED, "e", ctx=2000), m)
+    assert (short.settings.ctx_size, short.settings.ubatch_size) == (2000, 2000)
+    bert = role_launch(RoleSpec(Role.EMBED, "e"), metas["bert"])  # trained 512
+    assert bert.settings.ubatch_size == 512 and bert.args == ("--pooling", "mean")
+
+
+def test_a_decoder_without_pooling_embeds_with_last_token_pooling(
+    metas: dict[str, ModelMeta],
+) -> None:
+    launch = role_launch(RoleSpec(Role.EMBED, "e"), metas["qwen3"])
+    assert launch.args == ("--pooling", "last")
+    assert launch.meta.pooling is Pooling.LAST
+    assert launch.meta.model_class is ModelClass.EMBEDDING
+    # the estimate sizes it in embedding mode: batch capped at the micro-batch
+    fp = estimate(launch.meta, launch.settings)
+    assert fp.settings.n_ubatch == launch.settings.ubatch_size
+
+
+# --- rerank -----------------------------------------------------------------------------------
+
+
+def test_a_cross_encoder_reranks_like_embed_with_reranking(metas: dict[str, ModelMeta]) -> None:
+    launch = role_launch(RoleSpec(Role.RERANK, "r"), metas["bert-rank"], backends=("cuda",))
+    assert launch.mode is RerankMode.CROSS
+    assert launch.meta.model_class is ModelClass.RERANK  # the emitter writes --reranking
+    assert launch.settings.parallel == 1 and launch.settings.flash_attn == "off"
+    assert launch.settings.batch_size == launch.settings.ubatch_size == 512
+    assert launch.args == ()
+
+
+def test_a_causal_model_reranks_in_llm_mode(metas: dict[str, ModelMeta]) -> None:
+    launch = role_launch(RoleSpec(Role.RERANK, "r"), metas["qwen3"], backends=("cuda",))
+    assert launch.mode is RerankMode.LLM
+    assert launch.meta.model_class is ModelClass.LLM  # no --reranking
+    assert launch.settings.flash_attn == "on"
+    assert launch.max_slots is not None and launch.max_slots > 1  # concurrent candidates
+    with pytest.raises(RoleError, match="neither a cross-encoder"):
+        role_launch(RoleSpec(Role.RERANK, "r"), metas["bert"])
+    with pytest.raises(RoleError, match="no rank head"):
+        role_launch(RoleSpec(Role.RERANK, "r", mode=RerankMode.CROSS), metas["qwen3"])
+
+
+# --- chat, vision, flash attention ------------------------------------------------------------
+
+
+def test_chat_grows_to_its_target_then_up_to_four_slots(metas: dict[str, ModelMeta]) -> None:
+    m = metas["qwen3"]  # trained 40960
+    launch = role_launch(RoleSpec(Role.CHAT, "c"), m, backends=("cuda",))
+    assert launch.settings.parallel == 1
+    assert launch.context == AutoContext(target=CHAT_CTX, minimum=DEFAULT_MIN_CONTEXT)
+    assert launch.max_slots == CHAT_SLOTS == 4
+    asked = role_launch(RoleSpec(Role.CHAT, "c", ctx=99999, slots=2), m)
+    assert asked.context is not None and asked.context.target == 40960  # the trained one
+    assert asked.max_slots == 2
+    with pytest.raises(RoleError, match="cannot chat"):
+        role_launch(RoleSpec(Role.CHAT, "c"), metas["bert"])
+
+
+def test_flash_attention_per_role_and_backend() -> None:
+    assert flash_for(Role.CHAT, None, ("cuda", "cuda")) == "on"
+    assert flash_for(Role.CHAT, None, ()) == "on"  # the CPU
+    assert flash_for(Role.CHAT, None, ("metal",)) == "on"
+    assert flash_for(Role.CHAT, None, ("vulkan",)) == "auto"  # the engine decides
+    assert flash_for(Role.VISION, None, ("cuda", "vulkan")) == "auto"
+    assert flash_for(Role.RERANK, RerankMode.LLM, ("cuda",)) == "on"
+    assert flash_for(Role.RERANK, RerankMode.CROSS, ("cuda",)) == "off"
+    assert flash_for(Role.EMBED, None, ("cuda",)) == "off"
+
+
+def test_a_quantized_v_cache_only_where_flash_attention_is_certain(
+    metas: dict[str, ModelMeta],
+) -> None:
+    base = LaunchSettings(cache_type_k="q8_0", cache_type_v="q8_0")
+    cuda = role_launch(RoleSpec(Role.CHAT, "c"), metas["llama"], backends=("cuda",), base=base)
+    assert (cuda.settings.cache_type_k, cuda.settings.cache_type_v) == ("q8_0", "q8_0")
+    vk = role_launch(RoleSpec(Role.CHAT, "c"), metas["llama"], backends=("vulkan",), base=base)
+    assert (vk.settings.cache_type_k, vk.settings.cache_type_v) == ("q8_0", "f16")
+    assert any("V cache stays f16" in n for n in vk.notes)
+    # the other roles run an f16 cache whatever chat's is
+    v = role_launch(RoleSpec(Role.VISION, "v"), metas["llama"], backends=("cuda",), base=base)
+    assert (v.settings.cache_type_k, v.settings.cache_type_v) == ("f16", "f16")
+
+
+def test_models_llama_server_cannot_serve_are_refused(metas: dict[str, ModelMeta]) -> None:
+    proj = replace(metas["llama"], model_class=ModelClass.PROJECTOR)
+    with pytest.raises(RoleError, match="projector model"):
+        role_launch(RoleSpec(Role.CHAT, "c"), proj)
+
+
+# --- instances, stages, shortfalls ------------------------------------------------------------
+
+
+def test_replicas_auto_is_one_per_card() -> None:
+    auto = RoleSpec(Role.EMBED, "e", replicas=None)
+    assert replica_count(auto, 3) == 3
+    assert replica_count(auto, 0) == 1  # no GPU: one, in host memory
+    assert replica_count(RoleSpec(Role.EMBED, "e", replicas=2), 5) == 2
+
+
+def test_stages_put_search_roles_first_and_replicas_apart(metas: dict[str, ModelMeta]) -> None:
+    chat = RoleSpec(Role.CHAT, "c")
+    embed = RoleSpec(Role.EMBED, "e", replicas=None)
+    vision = RoleSpec(Role.VISION, "v")
+    launches = [
+        (chat, role_launch(chat, metas["llama"])),
+        (vision, role_launch(vision, metas["llama"])),
+        (embed, role_launch(embed, metas["bert"])),
+    ]
+    insts = role_instances(launches, 2)
+    assert [(i.name, i.replica) for i in insts] == [
+        ("chat", 0), ("vision", 0), ("embed-1", 0), ("embed-2", 1),
+    ]  # fmt: skip
+    stages = role_stages(insts)
+    assert [[r.name for r in s] for s in stages] == [["embed-1", "embed-2"], ["vision"], ["chat"]]
+    assert STAGES[0] == (Role.EMBED, Role.RERANK)
+    e1, e2 = stages[0]
+    assert e1.apart is not None and e1.apart == e2.apart
+    assert stages[2][0].apart is None  # one chat: nothing to keep apart
+    assert stages[2][0].max_slots == CHAT_SLOTS and e1.max_slots is None
+
+
+def test_chat_below_what_was_asked_is_a_warning(metas: dict[str, ModelMeta]) -> None:
+    chat = RoleSpec(Role.CHAT, "c")
+    (inst,) = role_instances([(chat, role_launch(chat, metas["qwen3"]))], 1)
+
+    def placed(slots: int, ctx: int) -> Placed:
+        s = replace(inst.launch.settings, parallel=slots, ctx_size=slots * ctx)
+        return Placed("chat", (), (), s, estimate(inst.launch.meta, s))
+
+    assert shortfalls(inst, placed(4, CHAT_CTX)) == []
+    (slots,) = shortfalls(inst, placed(2, CHAT_CTX))
+    assert f"2 slot(s) x {CHAT_CTX} tokens (asked: up to 4 x {CHAT_CTX})" in slots
+    (ctx,) = shortfalls(inst, placed(1, 8192))
+    assert "1 slot(s) x 8192 tokens" in ctx
+    embed = RoleSpec(Role.EMBED, "e")
+    (e,) = role_instances([(embed, role_launch(embed, metas["bert"]))], 1)
+    assert shortfalls(e, placed(1, 256)) == []  # the warning is chat's
