@@ -56,6 +56,16 @@ class FitResult:
     reason: str | None = None  # why it does not fit (the first device over its limit)
     nearest: LaunchSettings | None = None  # the closest setting that fits, when one exists
     warnings: tuple[str, ...] = ()  # it fits, but the user should know (mapped weights over RAM)
+    # the verdict rests on a buffer charged as an upper bound (Footprint.bounds) on a device
+    # whose limit was checked: "fits (bound)"
+    bounded: bool = False
+
+    @property
+    def verdict(self) -> str:
+        """ "fits", "fits (bound)" or "does not fit" (the reason is apart)."""
+        if not self.fits:
+            return "does not fit"
+        return "fits (bound)" if self.bounded else "fits"
 
 
 def charged(d: DeviceFootprint, settings: LaunchSettings) -> int:
@@ -69,23 +79,47 @@ def charged(d: DeviceFootprint, settings: LaunchSettings) -> int:
     return d.total
 
 
-def check(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> FitResult:
-    """Plan one launch and say whether it fits, and if not, which device is over by how much."""
-    fp = estimate(meta, settings, budget.gpus, rules=budget.rules)
+def check(
+    meta: ModelMeta,
+    settings: LaunchSettings,
+    budget: Budget,
+    *,
+    mmproj: ModelMeta | None = None,
+    mmproj_offload: bool = True,
+) -> FitResult:
+    """Plan one launch and say whether it fits, and if not, which device is over by how much.
+    `mmproj`: the vision projector loaded beside the model (its weights and compute buffer)."""
+    fp = estimate(
+        meta,
+        settings,
+        budget.gpus,
+        rules=budget.rules,
+        mmproj=mmproj,
+        mmproj_offload=mmproj_offload,
+    )
+    bounded = any(budget.limit(b.device) is not None for b in fp.bounds)
     for d in fp.devices:
         limit = budget.limit(d.name)
         need = charged(d, settings)
         if limit is not None and need > limit:
             where = "host memory" if d.name == CPU else d.name
             what = " resident" if need != d.total else ""
+            bound = fp.bounded(d.name)
+            upper = (
+                f" (of which {format_bytes(bound)} is an upper bound, not an estimate)"
+                if bound
+                else ""
+            )
             return FitResult(
                 False,
                 settings,
                 fp,
                 reason=(
                     f"needs {format_bytes(need)}{what} on {where}, "
-                    f"{format_bytes(need - limit)} more than the {format_bytes(limit)} available"
+                    f"{format_bytes(need - limit)} more than the {format_bytes(limit)} "
+                    f"available{upper}"
                 ),
+                bounded=bool(bound),
             )
     warnings: tuple[str, ...] = ()
     host = budget.limit(CPU)
@@ -101,6 +135,7 @@ def check(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> FitResul
         settings,
         fp,
         warnings=(*warnings, *context_warnings(meta, fp), *split_warnings(meta, fp, budget)),
+        bounded=bounded,
     )
 
 

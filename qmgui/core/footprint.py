@@ -12,6 +12,8 @@ Exact parts mirror llama.cpp's allocation rules and are checked against the real
 - recurrent state: F32 conv and SSM/WKV states per sequence, not growing with context;
 - output buffer: logits (and embeddings) for `n_seq` outputs.
 The compute buffer is an estimate (`qmgui.core.compute`), calibrated on the CPU backend.
+Buffers with no model (a graph without a layout, a projector's encoder) are charged as upper
+bounds (`qmgui.core.bounds`), each listed in `Footprint.bounds`: never a silent zero.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from qmgui.core.bounds import Bound, compute_bound, compute_bound_why, projector_compute_bound
 from qmgui.core.compute import MIXED_BATCH_BUILD, compute_buffer_bytes
 from qmgui.core.errors import SizingError
 from qmgui.core.gguf_tables import GGML_SIZES_BY_NAME
@@ -157,6 +160,12 @@ class Footprint:
     layer_devices: tuple[str, ...]  # device of each layer, then of the output layer
     devices: tuple[DeviceFootprint, ...]  # the GPUs in order, then "CPU" (host memory)
     notes: tuple[str, ...] = field(default=())
+    # buffers charged as upper bounds (no exact model): which part, where, how much, why
+    bounds: tuple[Bound, ...] = field(default=())
+
+    def bounded(self, device: str) -> int:
+        """Bytes of `device`'s total that are upper bounds, not estimates."""
+        return sum(b.bytes for b in self.bounds if b.device == device)
 
     def device(self, name: str) -> DeviceFootprint:
         for d in self.devices:
@@ -528,10 +537,9 @@ def estimate(
         add(layer_dev[il] if settings.kv_offload else CPU, "recurrent", n)
     add(CPU, "output", output_bytes(meta, r, embeddings=embeddings))
     notes: list[str] = []
-    if mmproj is not None:
-        proj_dev = gpus[0].name if gpus and mmproj_offload else CPU
-        add(proj_dev, "weights", mmproj.weight_bytes)
-        notes.append("the projector's image warm-up compute buffer is not estimated")
+    bounds: list[Bound] = []
+    proj_dev = gpus[0].name if gpus and mmproj_offload else CPU
+    add(proj_dev, "weights", mmproj.weight_bytes if mmproj is not None else 0)
     if compute:
         found = _compute(
             meta,
@@ -542,7 +550,11 @@ def estimate(
             gpus=gpus,
             settings=settings,
             mixed_batch=rules.mixed_batch,
+            bounds=bounds,
         )
+        for b in _projector_compute(mmproj, proj_dev, settings):
+            bounds.append(b)
+            found[b.device] = found.get(b.device, 0) + b.bytes
         for dev, n in found.items():
             add(dev, "compute", n)
     for g in gpus:  # the backend's context on every card (0 for backends not charged)
@@ -565,7 +577,17 @@ def estimate(
         layer_devices=layer_dev,
         devices=devices,
         notes=tuple(notes),
+        bounds=tuple(bounds),
     )
+
+
+def _projector_compute(mmproj: ModelMeta | None, device: str, s: LaunchSettings) -> list[Bound]:
+    """clip.cpp's own compute buffer, on the projector's device (its warm-up reserves it, the
+    largest image grows it): not modelled, charged as a bound. None: no projector."""
+    if mmproj is None:
+        return []
+    n, why = projector_compute_bound(mmproj, flash_attn=s.flash_attn)
+    return [Bound("projector compute", device, n, why)]
 
 
 def _repack_bound(meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings) -> int:
@@ -598,6 +620,7 @@ def _compute(
     gpus: Sequence[Gpu] = (),
     settings: LaunchSettings = LaunchSettings(),  # noqa: B008 - frozen, shared safely
     mixed_batch: bool = False,
+    bounds: list[Bound] | None = None,
 ) -> dict[str, int]:
     """Compute buffers: one per backend that runs part of the graph.
 
@@ -608,15 +631,17 @@ def _compute(
     gets the graph's size, plus under partial offload a copy of the largest CPU-resident
     weight, which llama.cpp moves into the GPU's compute buffer for large-batch matmuls;
     remote (RPC) devices do not.
+    Where the graph has no layout (SizingError), every device that runs part of it is charged
+    `core.bounds.compute_bound` instead, each listed in `bounds`.
     """
-    try:
-        graph = compute_buffer_bytes(meta, r, embeddings=embeddings, mixed_batch=mixed_batch)
-    except SizingError as e:
-        notes.append(f"compute buffer not estimated: {e}")
-        return {}
+    if bounds is None:
+        bounds = []
+    graph, why = _graph_or_bound(meta, r, embeddings=embeddings, mixed_batch=mixed_batch)
     devices = list(dict.fromkeys(layer_dev))
     used = [d for d in devices if d != CPU]
     if not used:
+        if why is not None:
+            bounds.append(Bound("compute", CPU, graph, why))
         return {CPU: graph}
     remote = frozenset(g.name for g in gpus if g.remote)
     copy = 0
@@ -626,8 +651,8 @@ def _compute(
             default=0,
         )
     local = [g for g in gpus if g.name in used and not g.remote]
-    if len(used) == 1 and len(local) == 1:
-        return _one_gpu(
+    if why is None and len(used) == 1 and len(local) == 1:
+        found = _one_gpu(
             meta,
             r,
             layer_dev,
@@ -638,19 +663,40 @@ def _compute(
             s=settings,
             mixed_batch=mixed_batch,
         )
-    notes.append("GPU compute buffers are estimated from the CPU graph (not measured on a GPU)")
+        if found:
+            return found
+        # the scheduler's walk could not be replayed: the graph bounds each device instead
+        why = compute_bound_why("llama.cpp's scheduler could not be replayed for this graph")
+        graph = max(graph, compute_bound(meta, r, embeddings=embeddings))
+    if why is None:
+        notes.append("GPU compute buffers are estimated from the CPU graph (not measured on a GPU)")
     # the copy is the local GPU backends' choice (offload_op); an RPC device gets none
     # (measured on loopback: its compute buffer stays below the graph under partial offload)
     out = {g: graph + (0 if g in remote else copy) for g in used}
     if CPU in devices:
         out[CPU] = graph
-    elif kv_layers(meta) or meta.is_recurrent:
+    if why is not None:
+        bounds.extend(Bound("compute", d, n, why) for d, n in out.items())
+    if CPU in devices:
+        return out
+    # every layer on GPUs: the host keeps the graph's inputs (an estimate, the same for all)
+    if kv_layers(meta) or meta.is_recurrent:
         out[CPU] = host_inputs_bytes(meta, r)
     else:
         # encoders (no KV cache): the token embeddings gathered on the CPU and the outputs
         # copied back (small, not measured here)
         out[CPU] = (meta.n_embd * r.n_ubatch + (meta.vocab_size or 0) * r.n_seq) * 4
     return out
+
+
+def _graph_or_bound(
+    meta: ModelMeta, r: Resolved, *, embeddings: bool, mixed_batch: bool
+) -> tuple[int, str | None]:
+    """The CPU graph's compute buffer and None, or where it has no layout, its bound and why."""
+    try:
+        return compute_buffer_bytes(meta, r, embeddings=embeddings, mixed_batch=mixed_batch), None
+    except SizingError as e:
+        return compute_bound(meta, r, embeddings=embeddings), compute_bound_why(str(e))
 
 
 def _one_gpu(

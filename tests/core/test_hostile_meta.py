@@ -192,7 +192,8 @@ def test_the_deepest_header_llama_cpp_loads_is_planned_without_a_graph_replay(
 ) -> None:
     """512 layers (llama.cpp's limit), each of another width: replaying that graph took seconds
     per estimate on main (and a fit search asks dozens of times); past MAX_GRAPH_LAYERS the
-    plan says its compute buffer is not estimated instead."""
+    plan charges an upper bound for its compute buffer instead, and says so (issue 17, item 4:
+    never a silent "fits")."""
     n = meta_mod.MAX_LAYERS
     md, _ = plausible("llama", **{"{a}.block_count": n})
     md["llama.feed_forward_length"] = [128 + 32 * il for il in range(n)]
@@ -200,8 +201,12 @@ def test_the_deepest_header_llama_cpp_loads_is_planned_without_a_graph_replay(
     assert measured_row(path, "512 layers, each different") is None
     meta = through_qmgui(path).entry.meta
     assert meta is not None and meta.n_layer == n
-    notes = check(meta, LaunchSettings(), Budget()).footprint.notes
-    assert any("compute buffer not estimated" in x for x in notes)
+    result = check(meta, LaunchSettings(), Budget(host_bytes=1 << 40))
+    (bound,) = result.footprint.bounds
+    assert bound.part == "compute" and bound.device == "CPU"
+    assert "256 a compute graph is replayed for" in bound.why
+    assert result.footprint.host.compute == bound.bytes > 0
+    assert result.verdict == "fits (bound)"
 
 
 def test_a_16_mib_name_is_cut_for_display(tmp_path: Path) -> None:
