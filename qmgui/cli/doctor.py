@@ -23,17 +23,19 @@ import platform
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from qmgui import __version__
 from qmgui.cache import cache_dir
+from qmgui.core.devices import HostGpu, Machine, merge, unseen_warning
 from qmgui.core.probe import FailureKind, ProbeResult
 from qmgui.core.units import format_bytes
 from qmgui.engines import llama_run
 from qmgui.engines.probe import probe, resolve_executable
+from qmgui.hw.gpus import host_gpus
 from qmgui.hw.host import HostInfo, read_host
 from qmgui.hw.nvml import NvmlReading, read_nvml
 from qmgui.settings import BackendEntry, LoadResult, config_dir, load_settings
@@ -238,7 +240,44 @@ def _probe_finding(section: str, label: str, result: ProbeResult) -> Finding:
     return Finding(section, status, text)
 
 
-def _backend(entry: BackendEntry, timeout_s: float, prober: Callable[..., ProbeResult]) -> Section:
+def _devices_findings(
+    label: str, entry: BackendEntry, result: ProbeResult, host: Sequence[HostGpu]
+) -> list[Finding]:
+    """The engine's device list against the host's GPUs: a GPU it did not list (named with
+    the vendor's visibility variable), every GPU it offered refused."""
+    if entry.kind != "llama" or not result.devices_listed:
+        return []
+    machine = Machine("engine", merge(result.devices, host), tuple(host), entry.executable)
+    findings = []
+    unseen = unseen_warning(machine, os.environ, vulkan=entry.variant == "vulkan")
+    if unseen:
+        findings.append(
+            Finding(
+                "backends",
+                WARNING,
+                f"{label}: {unseen}",
+                "unset the variable, or register a build for that GPU's API",
+            )
+        )
+    if machine.refused_all:
+        findings.append(
+            Finding(
+                "backends",
+                WARNING,
+                f"{label}: every GPU it lists is refused ("
+                + "; ".join(d.refused or "" for d in machine.devices)
+                + "): its models are planned for the CPU and run with --device none",
+            )
+        )
+    return findings
+
+
+def _backend(
+    entry: BackendEntry,
+    timeout_s: float,
+    prober: Callable[..., ProbeResult],
+    host: Sequence[HostGpu] = (),
+) -> Section:
     label = f"{entry.id} ({entry.kind})"
     data: dict[str, Any] = {
         "id": entry.id,
@@ -260,7 +299,7 @@ def _backend(entry: BackendEntry, timeout_s: float, prober: Callable[..., ProbeR
     result = prober(entry.executable, kind=entry.kind, timeout_s=timeout_s)
     data["probe"] = result.to_json()
     finding = _probe_finding("backends", label, result)
-    findings = [finding]
+    findings = [finding, *_devices_findings(label, entry, result, host)]
     if result.ok and entry.version and result.version and entry.version != result.version:
         findings.append(
             Finding(
@@ -275,7 +314,12 @@ def _backend(entry: BackendEntry, timeout_s: float, prober: Callable[..., ProbeR
     return data, findings
 
 
-def _backends(loaded: LoadResult, timeout_s: float, prober: Callable[..., ProbeResult]) -> Section:
+def _backends(
+    loaded: LoadResult,
+    timeout_s: float,
+    prober: Callable[..., ProbeResult],
+    host: Sequence[HostGpu] = (),
+) -> Section:
     entries = loaded.settings.backends
     if not entries:
         return [], [
@@ -289,7 +333,7 @@ def _backends(loaded: LoadResult, timeout_s: float, prober: Callable[..., ProbeR
         ]
     data, findings = [], []
     for entry in entries:
-        d, f = _backend(entry, timeout_s, prober)
+        d, f = _backend(entry, timeout_s, prober, host)
         data.append(d)
         findings += f
     return data, findings
@@ -424,13 +468,15 @@ def collect(
     """Every section's data (for --json) and every finding, in report order. `nvml` and
     `prober` are the seams tests use (a recorded NVML, a fake probe)."""
     loaded = load_settings()
+    reading = read_nvml(nvml)
+    host = host_gpus(reading=reading)  # NVIDIA and AMD, to compare each engine's list with
     sections: list[tuple[str, Section]] = [
         ("qmgui", _qmgui()),
         ("qt", _qt()),
-        ("nvidia", _nvidia(read_nvml(nvml))),
+        ("nvidia", _nvidia(reading)),
         ("host", _host(read_host())),
         ("settings", _settings(loaded)),
-        ("backends", _backends(loaded, timeout_s, prober)),
+        ("backends", _backends(loaded, timeout_s, prober, host)),
         ("llama_server", _llama_server(timeout_s, prober)),
         ("folders", _folders()),
         ("model_roots", _model_roots(loaded)),

@@ -11,9 +11,11 @@ from functools import partial
 from typing import Any, TextIO
 
 from qmgui import notify
-from qmgui.cli.plan import add_reserve_flag, add_rpc_flag, gpus_from
+from qmgui.cli.plan import add_reserve_flag, add_rpc_flag, gpus_from, local_machine
 from qmgui.cli.profiles import saved_override
 from qmgui.core.build_rules import rules_for
+from qmgui.core.devices import OS_RESERVE
+from qmgui.core.devices import host_budget as devices_host_budget
 from qmgui.core.discovery import ModelEntry, entry_for_path
 from qmgui.core.emit import Command, DevicePin, EmitError, skipped
 from qmgui.core.emit.llama import emit_llama
@@ -26,7 +28,7 @@ from qmgui.core.placement import AutoContext, Placed, Placement, Request, Unplac
 from qmgui.core.profile import apply_profile
 from qmgui.core.units import format_bytes, parse_size
 from qmgui.hw.host import read_ram
-from qmgui.service.launch import Resolver, UsageError, backend_build, load_quietly
+from qmgui.service.launch import Resolver, Target, UsageError, backend_build, load_quietly
 from qmgui.service.profile import profile_of
 
 EXIT_OK = 0
@@ -344,7 +346,7 @@ def _commands(
         if isinstance(target, str):
             commands[x.name] = skipped(target)
             continue
-        pin = DevicePin.for_devices(x.devices, gpus, target.variant)
+        pin = DevicePin.for_devices(x.devices, gpus, target.variant) or _cpu_pin(args, target)
         commands[x.name] = emit_llama(
             entry,
             x.settings,
@@ -355,6 +357,13 @@ def _commands(
             devices=pin,
         )
     return commands
+
+
+def _cpu_pin(args: argparse.Namespace, target: Target) -> DevicePin | None:
+    """`--device none` when this machine's engine offered GPUs and every one was refused."""
+    if args.gpu or not local_machine(args).refused_all:
+        return None
+    return DevicePin.none(target.variant)
 
 
 def _write_swap(
@@ -393,15 +402,15 @@ def _backend_build(args: argparse.Namespace, entries: dict[str, ModelEntry]) -> 
     return backend_build(args.backend, entry, probe=not args.no_probe, source=SOURCE)
 
 
-OS_FLOOR = 2 << 30  # RAM left to the system and desktop when models are placed in host memory
+OS_FLOOR = OS_RESERVE  # RAM left to the system when models are placed in host memory
 
 
 def host_budget(available: int | None = None) -> int | None:
-    """Host memory for models on a machine without a GPU: the RAM available now less the OS
-    floor (None when it cannot be read: not checked, as before)."""
-    if available is None:
-        available = read_ram()[1]
-    return None if available is None else max(available - OS_FLOOR, 0)
+    """Host memory for models on a machine without a card of its own (no GPU, or only
+    unified memory: Apple Silicon, an iGPU): the RAM available now less the OS floor, the
+    reserve capped at a quarter of the RAM (None when it cannot be read: not checked)."""
+    total, free = read_ram()
+    return devices_host_budget(free if available is None else available, total, OS_FLOOR)
 
 
 def cmd_place(args: argparse.Namespace, out: TextIO) -> int:

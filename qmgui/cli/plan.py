@@ -21,6 +21,7 @@ from qmgui.cli.profiles import (
     vllm_values,
 )
 from qmgui.core.build_rules import rules_for
+from qmgui.core.devices import Machine
 from qmgui.core.discovery import ModelEntry, entry_for_path
 from qmgui.core.errors import SizingError
 from qmgui.core.fit import (
@@ -41,9 +42,9 @@ from qmgui.core.launch import (
 from qmgui.core.meta import MAX_CONTEXT, ModelClass
 from qmgui.core.profile import apply_profile, vllm_pins
 from qmgui.core.units import format_bytes, parse_size
-from qmgui.hw.gpus import as_gpus, local_gpus
 from qmgui.hw.host import read_ram
 from qmgui.hw.profiles import lookup
+from qmgui.service.devices import device_engine, read_machine
 from qmgui.service.disk import disk_advice
 
 EXIT_OK = 0  # the launch fits
@@ -271,8 +272,27 @@ def _local_gpus(args: argparse.Namespace) -> tuple[Gpu, ...]:
                 card = "" if plain else g.name[g.name.index(" ") :]
                 gpus.append(replace(g, name=f"GPU{len(gpus)}{card}"))
         return tuple(gpus)
-    # NVIDIA (NVML), then AMD (amdgpu sysfs); NVLink peers as NVML says
-    return as_gpus(local_gpus(), lambda g: f"GPU{g.index}")
+    # the registered build's --list-devices, free memory from NVML / amdgpu sysfs; without
+    # a build that answers, NVIDIA (NVML) then AMD (sysfs) as GPU0, GPU1…
+    return local_machine(args).gpus
+
+
+def local_machine(args: argparse.Namespace) -> Machine:
+    """This machine's devices for `args` (`service.devices`): the build `--backend` names or
+    the registry's llama-server, listed once per run (kept on `args`); what is worth saying
+    (a GPU it did not list, every GPU refused) is said once, as a warning."""
+    kept = getattr(args, "_machine", None)
+    if isinstance(kept, Machine):
+        return kept
+    from qmgui.service.launch import load_quietly  # noqa: PLC0415 - as the other readers
+
+    backends = [e.to_core() for e in load_quietly().settings.backends]
+    engine = device_engine(backends, getattr(args, "backend", None))
+    machine = read_machine(engine, probe_engine=not getattr(args, "no_probe", False))
+    for note in machine.notes:
+        notify.warning(note, source=getattr(args, "command", None) or "plan")
+    args._machine = machine
+    return machine
 
 
 def _is_size(text: str) -> bool:

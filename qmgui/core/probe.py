@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from qmgui.core.footprint import Gpu
+from qmgui.core.textsafe import printable
 
 __all__ = [
     "ARG_HELP",
@@ -482,9 +483,12 @@ _DEVICES_HEADER = re.compile(r"^\s*Available devices:\s*$")
 # common_print_available_devices(): "  %s: %s (%zu MiB, %zu MiB free)"; the description may
 # itself hold parentheses ("Intel(R) UHD Graphics 770 (ADL-S GT1)"), so anchor at the end
 _DEVICE_LINE = re.compile(
-    r"^\s+(?P<name>[^\s:]+):\s+(?P<desc>.*?)\s+\((?P<total>\d+)\s+MiB,\s+(?P<free>\d+)\s+MiB"
-    r"\s+free\)\s*$"
+    r"^\s+(?P<name>[^\s:]{1,64}):\s+(?P<desc>.{0,512}?)\s+\((?P<total>\d{1,12})\s+MiB,\s+"
+    r"(?P<free>\d{1,12})\s+MiB\s+free\)\s*$"
 )
+# more lines than any machine has devices: the rest of a hostile listing is dropped
+MAX_DEVICES = 64
+MAX_DEVICE_LINE = 1024  # longer lines are not a device line (and are not matched at all)
 # ggml backend device names -> the backend, by name prefix (ggml's GGML_*_NAME constants)
 _DEVICE_BACKENDS = (
     ("CUDA", "cuda"),
@@ -565,9 +569,16 @@ def parse_devices(text: str) -> tuple[EngineDevice, ...] | None:
         if _DEVICES_HEADER.match(line):
             seen_header = True
             continue
+        if len(line) > MAX_DEVICE_LINE or len(devices) >= MAX_DEVICES:
+            continue
         if seen_header and (m := _DEVICE_LINE.match(line)):
             devices.append(
-                EngineDevice(m["name"], m["desc"].strip(), int(m["total"]), int(m["free"]))
+                EngineDevice(
+                    printable(m["name"]),
+                    printable(m["desc"].strip()),
+                    int(m["total"]),
+                    int(m["free"]),
+                )
             )
     return tuple(devices) if seen_header else None
 

@@ -8,9 +8,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from qmgui.core.devices import AMD, NVIDIA, HostGpu
 from qmgui.core.footprint import Gpu
 from qmgui.hw import amdgpu
-from qmgui.hw.nvml import read_nvml
+from qmgui.hw.nvml import NvmlReading, read_nvml
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,31 @@ def local_gpus(*, nvml: Any = None, drm_root: str | None = None) -> list[LocalGp
             continue
         out.append(LocalGpu(len(out), a.name, a.total_bytes, a.free_bytes, "amd"))
     return out
+
+
+def host_gpus(
+    *, nvml: Any = None, drm_root: str | None = None, reading: NvmlReading | None = None
+) -> tuple[HostGpu, ...]:
+    """Every GPU the host's drivers report now, integrated AMD ones too (flagged): NVIDIA
+    through NVML (`reading`, when one was taken already), AMD through amdgpu sysfs. The
+    engine's `--list-devices` says which of them it can use (`core.devices.merge`)."""
+    reading = reading if reading is not None else read_nvml(nvml)
+    pairs = reading.nvlink
+
+    def peers(i: int) -> frozenset[int] | None:
+        if pairs is None:
+            return None
+        return frozenset(b if a == i else a for a, b in pairs if i in (a, b))
+
+    out = [
+        HostGpu(NVIDIA, r.name, r.total_bytes, r.free_bytes, r.index, nvlink_peers=peers(r.index))
+        for r in reading.gpus
+    ]
+    out += [
+        HostGpu(AMD, a.name, a.total_bytes, a.free_bytes, a.card, integrated=a.integrated)
+        for a in amdgpu.read_amd_gpus(drm_root or amdgpu.DRM)
+    ]
+    return tuple(out)
 
 
 def as_gpus(local: Sequence[LocalGpu], name: Callable[[LocalGpu], str]) -> tuple[Gpu, ...]:

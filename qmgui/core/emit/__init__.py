@@ -22,6 +22,7 @@ Errors in the user's input (an unclosed quote, an unknown template placeholder) 
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -265,6 +266,10 @@ def refuse(model: ModelEntry, serves: ModelClass, what: str) -> Command | None:
 # GGML_VK_VISIBLE_DEVICES: ggml-vulkan.cpp, "emulate CUDA_VISIBLE_DEVICES")
 DEVICE_PREFIX = {"cuda": "CUDA", "rocm": "ROCm", "vulkan": "Vulkan", "sycl": "SYCL", "metal": "MTL"}
 RPC_PREFIX = "RPC"  # ggml-rpc's device names (RPC0, RPC1… on recent builds)
+NO_DEVICE = "none"  # llama-server's --device value for "offload nothing"
+_API_OF_PREFIX = {prefix: api for api, prefix in DEVICE_PREFIX.items()}
+# a device named as the engine's --list-devices names it: CUDA0, ROCm1, Vulkan2, SYCL0, MTL0
+_ENGINE_NAME = re.compile(r"^(?P<prefix>CUDA|ROCm|Vulkan|SYCL|MTL)(?P<index>\d{1,4})$")
 VISIBILITY_VAR = {
     "cuda": "CUDA_VISIBLE_DEVICES",
     "rocm": "HIP_VISIBLE_DEVICES",
@@ -281,12 +286,18 @@ class DevicePin:
     api: str  # cuda, rocm, vulkan, sycl, metal
     indices: tuple[int, ...]
     rpc: tuple[str, ...] = ()
+    # no GPU at all (`--device none`): every GPU the engine offered was refused
+    cpu_only: bool = False
 
     def __post_init__(self) -> None:
         if self.api not in DEVICE_PREFIX:
             raise EmitError(
                 f"cannot pin GPUs of a {self.api!r} build; one of {', '.join(DEVICE_PREFIX)}"
             )
+        if self.cpu_only:
+            if self.indices or self.rpc:
+                raise EmitError("a CPU-only pin names no devices")
+            return
         if (not self.indices and not self.rpc) or any(i < 0 for i in self.indices):
             raise EmitError("a device pin needs one or more GPU indices (0, 1, …)")
         for endpoint in self.rpc:
@@ -296,7 +307,10 @@ class DevicePin:
 
     @property
     def names(self) -> str:
-        """llama.cpp's `--device` list: CUDA0,CUDA1 (RPC0,RPC1 first with `rpc`)."""
+        """llama.cpp's `--device` list: CUDA0,CUDA1 (RPC0,RPC1 first with `rpc`); `none`
+        for a CPU-only pin."""
+        if self.cpu_only:
+            return NO_DEVICE
         remote = [f"{RPC_PREFIX}{i}" for i in range(len(self.rpc))]
         return ",".join([*remote, *(f"{DEVICE_PREFIX[self.api]}{i}" for i in self.indices)])
 
@@ -308,7 +322,14 @@ class DevicePin:
         """The vendor's visibility variable, or None when the API has none we can set (or
         there are no local GPUs to show: an empty list hides them differently per API)."""
         var = VISIBILITY_VAR.get(self.api)
+        if self.cpu_only:  # an empty list hides every GPU from the CUDA and HIP runtimes
+            return {var: ""} if var and self.api in ("cuda", "rocm") else None
         return {var: self.visible} if var and self.indices else None
+
+    @classmethod
+    def none(cls, api: str | None) -> DevicePin:
+        """Keep the engine off every GPU (`--device none`)."""
+        return cls(api if api in DEVICE_PREFIX else "cuda", (), cpu_only=True)
 
     @classmethod
     def for_devices(
@@ -316,14 +337,23 @@ class DevicePin:
     ) -> DevicePin | None:
         """The pin for a placement's cards (`devices` by name, in the engine's order) out of
         the machine's `gpus`: remote ones by endpoint, local ones by their index among the
-        local GPUs (how the API numbers them). None for a CPU-only placement."""
+        local GPUs (how the API numbers them), or by the engine's own number where the GPUs
+        carry the engine's names (`Vulkan2` is index 2 of the Vulkan API, whatever GPUs the
+        plan left out before it). None for a CPU-only placement."""
         by_name = {g.name: g for g in gpus}
         local = [g.name for g in gpus if not g.remote]
         missing = [d for d in devices if d not in by_name]
         if missing:
             raise EmitError(f"no GPU named {', '.join(missing)} among those planned for")
         rpc = tuple(by_name[d].endpoint or "" for d in devices if by_name[d].remote)
-        indices = tuple(local.index(d) for d in devices if not by_name[d].remote)
+        named = [d for d in devices if not by_name[d].remote]
+        engine = [m for d in named if (m := _ENGINE_NAME.match(d))]
+        apis = {m["prefix"] for m in engine}
+        if named and len(engine) == len(named) and len(apis) == 1:
+            api = _API_OF_PREFIX[apis.pop()]
+            indices = tuple(int(m["index"]) for m in engine)
+        else:
+            indices = tuple(local.index(d) for d in named)
         if not rpc and not indices:
             return None
         return cls(api or "cuda", indices, rpc)

@@ -257,6 +257,11 @@ def llama_options(
             opts.append(Option(F_DEVICE, devices.names))
         elif pin_env is not None:
             env.update(pin_env)
+        elif devices.cpu_only:
+            warnings.append(
+                "cannot keep the engine off the GPUs: this build has no --device and "
+                f"{devices.api} has no visibility variable; it may offload to the GPU"
+            )
         else:
             warnings.append(
                 f"cannot pin GPUs {devices.visible}: this build has no --device and "

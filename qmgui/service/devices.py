@@ -1,0 +1,159 @@
+"""This machine's devices for planning: the registered llama-server build's `--list-devices`,
+merged with the host's live readings (`core.devices`).
+
+Which build: the one `--backend` names, else the registry's ★ llama-server for chat models,
+else its first llama-server entry. Without one, or when the build cannot be asked (it is
+missing, hangs, crashes, or predates `--list-devices`), the host's readings stand in: NVIDIA
+through NVML, then AMD through sysfs, numbered GPU0, GPU1… as before. A build that answered
+is believed, a listing of no devices included (a CPU build on a desktop with a GPU runs on
+the CPU whatever the drivers say), except that it is asked again, twice, a second apart, when
+the host has a discrete GPU it did not list: a driver still starting up answers empty.
+
+Nothing is kept between calls: the command line reads the machine once per run (`cli.plan.
+local_machine` keeps it on the run's arguments), so a GPU added between runs is seen.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from qmgui.core import backends as registry
+from qmgui.core.devices import HostGpu, Machine, merge, unseen_warning
+from qmgui.core.probe import ARG_LIST_DEVICES, EngineDevice, parse_devices
+from qmgui.engines.probe import Runner, probe
+from qmgui.hw.gpus import host_gpus
+from qmgui.hw.nvml import NvmlReading
+
+__all__ = [
+    "RETRIES",
+    "RETRY_DELAY_S",
+    "device_engine",
+    "read_machine",
+    "stored_listing",
+]
+
+TIMEOUT_S = 10.0  # a CUDA build's --list-devices initialises every GPU: seconds
+RETRIES = 2  # more asks when the host has a GPU the engine did not list (a driver starting)
+RETRY_DELAY_S = 1.0
+
+
+@dataclass(frozen=True)
+class DeviceEngine:
+    """The build whose listing is the device source: its executable, and its stored listing
+    from when it was registered (None: it has none)."""
+
+    executable: str
+    variant: str | None = None
+    stored: tuple[EngineDevice, ...] | None = None
+
+
+def stored_listing(capabilities: Mapping[str, object]) -> tuple[EngineDevice, ...] | None:
+    """The devices a registered build listed when it was probed (`capabilities`), or None
+    when it did not list any (never probed, or no `--list-devices`). Values a hand-edited
+    settings file got wrong are skipped."""
+    if capabilities.get("devices_listed") is not True:
+        return None
+    raw = capabilities.get("devices")
+    out: list[EngineDevice] = []
+    for item in raw if isinstance(raw, list) else []:
+        if not isinstance(item, dict):
+            continue
+        name, desc = item.get("name"), item.get("description")
+        total, free = item.get("total_mib"), item.get("free_mib")
+        numbers = isinstance(total, int) and isinstance(free, int) and total >= 0 and free >= 0
+        if isinstance(name, str) and isinstance(desc, str) and numbers:
+            line = f"  {name}: {desc} ({total} MiB, {free} MiB free)"
+            out += list(parse_devices(f"Available devices:\n{line}\n") or ())
+    return tuple(out)
+
+
+def device_engine(
+    backends: Sequence[registry.Backend], backend_arg: str | None = None
+) -> DeviceEngine | None:
+    """The llama-server build whose `--list-devices` says which devices exist: `backend_arg`
+    (an id or a path), else the ★ llama-server for chat models, else the first one."""
+    if backend_arg:
+        named = registry.find_backend(backends, backend_arg)
+        if named is None:
+            return DeviceEngine(os.path.expanduser(backend_arg))
+        if named.kind != "llama":
+            return None
+        return DeviceEngine(named.executable, named.variant, stored_listing(named.capabilities))
+    llamas = [b for b in backends if b.kind == "llama"]
+    chosen = registry.default_for_class(llamas, "llm") or (llamas[0] if llamas else None)
+    if chosen is None:
+        return None
+    return DeviceEngine(chosen.executable, chosen.variant, stored_listing(chosen.capabilities))
+
+
+def _ask(
+    executable: str, runner: Runner | None, timeout_s: float
+) -> tuple[tuple[EngineDevice, ...] | None, str | None]:
+    result = probe(
+        executable, kind="llama", commands=[(ARG_LIST_DEVICES,)], timeout_s=timeout_s,
+        runner=runner,
+    )  # fmt: skip
+    if result.devices_listed:
+        return result.devices, None
+    # a build that predates --list-devices is not worth a warning; one that cannot run is
+    return None, str(result.failure) if result.failure else None
+
+
+def read_machine(
+    engine: DeviceEngine | None,
+    *,
+    probe_engine: bool = True,
+    runner: Runner | None = None,
+    nvml: Any = None,
+    drm_root: str | None = None,
+    reading: NvmlReading | None = None,
+    env: Mapping[str, str] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    timeout_s: float = TIMEOUT_S,
+) -> Machine:
+    """This machine's devices (see the module docstring). `probe_engine` False: the build's
+    listing from when it was registered, not a new one (commands for another machine).
+    `runner`, `nvml`, `drm_root`, `reading`, `env` and `sleep` are the seams tests use."""
+    host = host_gpus(nvml=nvml, drm_root=drm_root, reading=reading)
+    if engine is None:
+        return Machine("host", host=host)
+    exe = engine.executable
+    if probe_engine:
+        listed, why = _ask(exe, runner, timeout_s)
+        for _ in range(RETRIES):
+            if listed is None or listed or not _has_card(host):
+                break
+            sleep(RETRY_DELAY_S)  # a driver still starting up answers with no devices
+            listed, why = _ask(exe, runner, timeout_s)
+    else:  # commands for another machine, maybe: what the build listed when registered
+        listed, why = engine.stored, None
+    if listed is None:
+        notes: tuple[str, ...] = () if why is None else (
+            f"could not read {exe} {ARG_LIST_DEVICES} ({why}); planning for the GPUs the "
+            "drivers report",
+        )  # fmt: skip
+        return Machine("host", host=host, engine=exe, notes=notes)
+    machine = Machine("engine", merge(listed, host), host, exe)
+    said = [
+        f"{d.name} ({d.listed.description}) is left out: {d.refused}"
+        for d in machine.devices
+        if d.refused is not None
+    ]
+    if machine.refused_all:
+        said.append(
+            "every GPU the engine offered was refused: its models run on the CPU (--device none)"
+        )
+    warning = unseen_warning(
+        machine, os.environ if env is None else env, vulkan=engine.variant == "vulkan"
+    )
+    if warning:
+        said.append(warning)
+    return Machine(machine.source, machine.devices, host, exe, tuple(said))
+
+
+def _has_card(host: Sequence[HostGpu]) -> bool:
+    return any(not g.integrated for g in host)
