@@ -31,7 +31,7 @@ from qmgui.core.fit import (
     nearest_fit,
     noted,
 )
-from qmgui.core.footprint import Gpu
+from qmgui.core.footprint import Footprint, Gpu
 from qmgui.core.launch import (
     CACHE_TYPES,
     DEFAULT_BATCH,
@@ -39,7 +39,7 @@ from qmgui.core.launch import (
     MAX_SEQ,
     LaunchSettings,
 )
-from qmgui.core.meta import MAX_CONTEXT, ModelClass
+from qmgui.core.meta import MAX_CONTEXT, ModelClass, ModelMeta
 from qmgui.core.profile import apply_profile, vllm_pins
 from qmgui.core.units import format_bytes, parse_size
 from qmgui.hw.host import read_ram
@@ -431,9 +431,11 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
             args.build if args.build is not None else _backend_build(args, entry)
         )
         budget = Budget(gpus=gpus, gpu_reserve=reserve, host_bytes=host, rules=rules)
-        result = noted(check(entry.meta, settings, budget), disk.note, disk.warning)
+        proj = projector_meta(entry)
+        result = check(entry.meta, settings, budget, mmproj=proj)
+        result = noted(result, disk.note, disk.warning)
         result = noted(result, rules_note)
-        near = None if result.fits else nearest_fit(entry.meta, settings, budget)
+        near = None if result.fits else nearest_fit(entry.meta, settings, budget, mmproj=proj)
     except (SizingError, ValueError) as e:  # ValueError: a --backend that cannot be used
         notify.error(str(e), source="plan")
         return EXIT_USAGE
@@ -598,6 +600,15 @@ def _nearest_json(result: FitResult, near: LaunchSettings | None) -> dict[str, A
     }
 
 
+def projector_meta(entry: ModelEntry) -> ModelMeta | None:
+    """The vision projector a scan pairs with the model (loaded beside it: its weights and
+    compute buffer are in the plan), or None."""
+    if not entry.mmproj:
+        return None
+    proj = entry_for_path(entry.mmproj)
+    return proj.meta if proj.meta is not None and not proj.error else None
+
+
 def _plan_json(result: FitResult) -> dict[str, object]:
     r = result.footprint.settings
     return {
@@ -616,9 +627,12 @@ def _plan_json(result: FitResult) -> dict[str, object]:
         },
         "devices": [d.to_json() for d in result.footprint.devices],
         "fits": result.fits,
+        "verdict": result.verdict,
         "reason": result.reason,
         "warnings": list(result.warnings),
         "notes": list(result.footprint.notes),
+        # buffers charged as upper bounds (no exact model): part, device, bytes, why
+        "bounds": [b.to_json() for b in result.footprint.bounds],
     }
 
 
@@ -644,10 +658,10 @@ def _print_plan(entry: ModelEntry, result: FitResult, out: TextIO) -> None:
             format_bytes(d.weights),
             format_bytes(d.kv),
             format_bytes(d.recurrent),
-            format_bytes(d.compute),
+            _bounded(fp, d.name, d.compute),
             format_bytes(d.output),
             format_bytes(d.other),
-            format_bytes(d.total),
+            _bounded(fp, d.name, d.total),
         )
         for d in fp.devices
     ]
@@ -660,11 +674,23 @@ def _print_plan(entry: ModelEntry, result: FitResult, out: TextIO) -> None:
             ),
             file=out,
         )
-    print("fits" if result.fits else f"does not fit: {result.reason}", file=out)
+    print(result.verdict if result.fits else f"does not fit: {result.reason}", file=out)
+    for b in fp.bounds:
+        print(f"bound: {b.device} {b.part} {_bound_text(b.bytes)}: {b.why}", file=out)
     for warning in result.warnings:
         print(f"warning: {warning}", file=out)
     for note in fp.notes:
         print(f"note: {note}", file=out)
+
+
+def _bound_text(n: int) -> str:
+    return f"≤ {format_bytes(n)} (bound)"
+
+
+def _bounded(fp: Footprint, device: str, n: int) -> str:
+    """A figure of the plan's table: marked "≤ … (bound)" where part of it is an upper bound
+    (Footprint.bounds), plain where every part is an estimate."""
+    return _bound_text(n) if fp.bounded(device) else format_bytes(n)
 
 
 def _cmd_plan_vllm(

@@ -184,15 +184,17 @@ def split_warnings(meta: ModelMeta, fp: Footprint, budget: Budget) -> tuple[str,
     return tuple(out)
 
 
-def _fits(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> bool:
+def _fits(
+    meta: ModelMeta, settings: LaunchSettings, budget: Budget, mmproj: ModelMeta | None = None
+) -> bool:
     """`check(...).fits`, with the compute buffers (the expensive part of an estimate) only
     where everything else fits: compute buffers are never negative, so a launch already over
     a limit without them is over it with them. The searches below ask this of every
     candidate; most of those far from the answer are settled without a compute buffer."""
-    cheap = estimate(meta, settings, budget.gpus, compute=False, rules=budget.rules)
+    cheap = estimate(meta, settings, budget.gpus, compute=False, rules=budget.rules, mmproj=mmproj)
     if not _within(cheap, settings, budget, {}):
         return False
-    return check(meta, settings, budget).fits
+    return check(meta, settings, budget, mmproj=mmproj).fits
 
 
 def largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
@@ -208,7 +210,9 @@ def largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
     return lo
 
 
-def max_context(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> FitResult:
+def max_context(
+    meta: ModelMeta, settings: LaunchSettings, budget: Budget, *, mmproj: ModelMeta | None = None
+) -> FitResult:
     """The largest context (a multiple of 256, at most the trained one) that fits.
 
     The compute buffer is the expensive part of an estimate (a replay of the engine's
@@ -223,13 +227,13 @@ def max_context(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> Fi
         return replace(settings, ctx_size=k * CTX_PAD)
 
     def fits_at(k: int) -> bool:
-        return _fits(meta, at(k), budget)
+        return _fits(meta, at(k), budget, mmproj)
 
-    high = estimate(meta, at(top), budget.gpus, rules=budget.rules)
+    high = estimate(meta, at(top), budget.gpus, rules=budget.rules, mmproj=mmproj)
     extra = {d.name: d.compute for d in high.devices}
 
     def cheap_fits(k: int) -> bool:
-        fp = estimate(meta, at(k), budget.gpus, compute=False, rules=budget.rules)
+        fp = estimate(meta, at(k), budget.gpus, compute=False, rules=budget.rules, mmproj=mmproj)
         return _within(fp, at(k), budget, extra)
 
     guess = largest(1, top, cheap_fits) or 1
@@ -244,14 +248,14 @@ def max_context(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> Fi
     else:
         best = largest(1, guess - 1, fits_at)
     if best is None:
-        smallest = check(meta, at(1), budget)
-        nearest = _nearest_offload(meta, at(1), budget)
+        smallest = check(meta, at(1), budget, mmproj=mmproj)
+        nearest = _nearest_offload(meta, at(1), budget, mmproj)
         return replace(
             smallest,
             reason=f"even {MIN_CONTEXT} tokens do not fit: {smallest.reason}",
             nearest=nearest,
         )
-    return check(meta, at(best), budget)
+    return check(meta, at(best), budget, mmproj=mmproj)
 
 
 def _within(fp: Footprint, settings: LaunchSettings, budget: Budget, extra: dict[str, int]) -> bool:
@@ -262,21 +266,23 @@ def _within(fp: Footprint, settings: LaunchSettings, budget: Budget, extra: dict
     return True
 
 
-def offload_for_context(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> FitResult:
+def offload_for_context(
+    meta: ModelMeta, settings: LaunchSettings, budget: Budget, *, mmproj: ModelMeta | None = None
+) -> FitResult:
     """The most GPU layers (`-ngl`) and, for MoE models, the fewest `--n-cpu-moe` layers that
     fit the requested context."""
-    full = check(meta, settings, budget)
+    full = check(meta, settings, budget, mmproj=mmproj)
     if full.fits or not budget.gpus:
         return full if full.fits else replace(full, nearest=None)
-    nearest = _nearest_offload(meta, settings, budget)
+    nearest = _nearest_offload(meta, settings, budget, mmproj)
     if nearest is None:
         return replace(full, reason=f"{full.reason}, even with every layer on the CPU")
-    fitted = check(meta, nearest, budget)
+    fitted = check(meta, nearest, budget, mmproj=mmproj)
     return replace(fitted, nearest=nearest)
 
 
 def _nearest_offload(
-    meta: ModelMeta, settings: LaunchSettings, budget: Budget
+    meta: ModelMeta, settings: LaunchSettings, budget: Budget, mmproj: ModelMeta | None = None
 ) -> LaunchSettings | None:
     if not budget.gpus:
         return None
@@ -285,27 +291,29 @@ def _nearest_offload(
         # keep every layer on the GPU and move experts of the first N layers to the CPU
         def moe_ok(n: int) -> bool:
             cand = replace(settings, n_gpu_layers=n_total, n_cpu_moe=meta.n_layer - n)
-            return _fits(meta, cand, budget)
+            return _fits(meta, cand, budget, mmproj)
 
         kept = largest(0, meta.n_layer, moe_ok)
         if kept is not None:
             return replace(settings, n_gpu_layers=n_total, n_cpu_moe=meta.n_layer - kept)
 
     def ngl_ok(n: int) -> bool:
-        return _fits(meta, replace(settings, n_gpu_layers=n), budget)
+        return _fits(meta, replace(settings, n_gpu_layers=n), budget, mmproj)
 
     ngl = largest(0, n_total, ngl_ok)
     return None if ngl is None else replace(settings, n_gpu_layers=ngl)
 
 
-def nearest_fit(meta: ModelMeta, settings: LaunchSettings, budget: Budget) -> LaunchSettings | None:
+def nearest_fit(
+    meta: ModelMeta, settings: LaunchSettings, budget: Budget, *, mmproj: ModelMeta | None = None
+) -> LaunchSettings | None:
     """The settings closest to `settings` that fit (the window's "Nearest fit", `qmgui plan`'s
     nearest line): fewer layers on the GPU (or MoE experts on the CPU) for this context, else
     the largest context with these layers; None when nothing does."""
-    offload = offload_for_context(meta, settings, budget)
+    offload = offload_for_context(meta, settings, budget, mmproj=mmproj)
     if offload.fits and offload.nearest is not None:
         return offload.nearest
-    shorter = max_context(meta, settings, budget)
+    shorter = max_context(meta, settings, budget, mmproj=mmproj)
     if shorter.fits:
         return shorter.settings
     return shorter.nearest

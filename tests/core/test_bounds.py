@@ -264,3 +264,31 @@ def test_the_projector_compute_is_charged_on_its_device(tmp_path: Path) -> None:
     # a checked card: the verdict rests on the projector's bound
     result = check(meta, s, Budget(gpus=gpus), mmproj=proj)
     assert result.verdict == "fits (bound)"
+
+
+def test_the_fit_searches_make_room_for_the_projector(tmp_path: Path) -> None:
+    """The largest context and the nearest fit count the projector's weights and compute
+    bound: on a card that holds the model at its full context only without the projector,
+    the search with it lands lower."""
+    from qmgui.core.fit import max_context, nearest_fit
+    from tests.synth.factory import PRESETS, write_gguf
+
+    path = write_gguf(tmp_path / "tiny-gemma3.gguf", PRESETS["gemma3"])
+    meta = meta_from_gguf(read_gguf_header(path), file_name=path.name)
+    proj = _projector(tmp_path, image_size=448, patch_size=14, n_embd=128, n_ff=512)
+    s = LaunchSettings(ctx_size=meta.context_length or 4096)
+    gpus = (Gpu("GPU0", 8 * GIB),)
+    plain = estimate(meta, s, gpus)
+    with_proj = estimate(meta, s, gpus, mmproj=proj)
+    extra = with_proj.device("GPU0").total - plain.device("GPU0").total
+    assert extra > 0
+    card = (Gpu("GPU0", plain.device("GPU0").total + extra // 2),)
+    budget = Budget(gpus=card, gpu_reserve=0)
+    assert check(meta, s, budget).fits
+    assert not check(meta, s, budget, mmproj=proj).fits
+    alone = max_context(meta, s, budget)
+    both = max_context(meta, s, budget, mmproj=proj)
+    assert alone.fits and both.fits and both.verdict == "fits (bound)"
+    assert both.footprint.settings.n_ctx < alone.footprint.settings.n_ctx
+    near = nearest_fit(meta, s, budget, mmproj=proj)
+    assert near is not None and check(meta, near, budget, mmproj=proj).fits
