@@ -2,16 +2,18 @@
 
 The bars show, next to the plan of the selected model, each running engine's share of every
 device (planned, and measured from its log once it is ready) and what other processes hold
-(NVML on a GPU, the operating system's figures for RAM). A planned start is charged on top of
+(NVML on an NVIDIA GPU, the amdgpu driver's sysfs files on an AMD one, the operating
+system's figures for RAM). A planned start is charged on top of
 those. Plain values and functions; the window reads the live figures on a worker thread.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from qmgui.core.footprint import CPU, Footprint, Gpu
+from qmgui.hw import amdgpu
 from qmgui.hw.host import read_ram
 from qmgui.hw.nvml import NvmlReading, read_nvml
 
@@ -53,18 +55,30 @@ class EngineShare:
 
 @dataclass(frozen=True)
 class LiveReading:
-    """This machine now: NVML (None: not read) and host RAM in use (None: unknown)."""
+    """This machine now: NVML (None: not read), host RAM in use (None: unknown) and the AMD
+    cards' sysfs readings (integrated ones left out, as `hw.gpus.local_gpus` numbers them)."""
 
     nvml: NvmlReading | None
     host_total: int | None
     host_used: int | None
+    amd: tuple[amdgpu.AmdGpu, ...] = ()
 
 
 def read_live() -> LiveReading:
-    """Blocking (NVML and /proc): call it on a worker thread."""
+    """Blocking (NVML, sysfs and /proc): call it on a worker thread."""
     total, available = read_ram()
     used = total - available if total is not None and available is not None else None
-    return LiveReading(read_nvml(), total, used)
+    cards = tuple(a for a in amdgpu.read_amd_gpus(amdgpu.DRM) if not a.integrated)
+    return LiveReading(read_nvml(), total, used, cards)
+
+
+def _amd_at(index: int | None, live: LiveReading) -> amdgpu.AmdGpu | None:
+    """The AMD card the window calls GPU`index`: `local_gpus` numbers NVIDIA's first."""
+    if index is None:
+        return None
+    nvidia = len(live.nvml.gpus) if live.nvml is not None and live.nvml.ok else 0
+    at = index - nvidia
+    return live.amd[at] if 0 <= at < len(live.amd) else None
 
 
 def shares_on(device: str, loads: Iterable[EngineLoad]) -> tuple[EngineShare, ...]:
@@ -97,6 +111,10 @@ def others_on(device: str, live: LiveReading | None, loads: Sequence[EngineLoad]
         return max(0, live.host_used - sum(load.bytes_on(CPU) for load in loads))
     index = gpu_index(device)
     nvml = live.nvml
+    amd = _amd_at(index, live)
+    if amd is not None:
+        # sysfs says how much is in use, not by whom: the engines' bytes stand in for theirs
+        return max(0, amd.used_bytes - sum(load.bytes_on(device) for load in loads))
     if index is None or nvml is None or not nvml.ok:
         return None
     gpu = next((g for g in nvml.gpus if g.index == index), None)
@@ -109,13 +127,20 @@ def others_on(device: str, live: LiveReading | None, loads: Sequence[EngineLoad]
 
 
 def free_for_plan(gpus: Sequence[Gpu], live: LiveReading | None) -> tuple[Gpu, ...]:
-    """The cards with what NVML says is free now (the reading at hand, else as given)."""
-    if live is None or live.nvml is None or not live.nvml.ok:
+    """The cards with what NVML (NVIDIA) or sysfs (AMD) says is free now (the reading at
+    hand, else as given)."""
+    if live is None:
         return tuple(gpus)
+    nvml = live.nvml.gpus if live.nvml is not None and live.nvml.ok else ()
     out = []
     for g in gpus:
         index = gpu_index(g.name)
-        r = next((x for x in live.nvml.gpus if x.index == index), None)
-        free = r.free_bytes if r is not None and r.free_bytes is not None else g.free_bytes
-        out.append(Gpu(g.name, g.total_bytes, free, g.backend))
+        r = next((x for x in nvml if x.index == index), None)
+        amd = _amd_at(index, live) if r is None else None
+        free = g.free_bytes
+        if r is not None and r.free_bytes is not None:
+            free = r.free_bytes
+        elif amd is not None:
+            free = amd.free_bytes
+        out.append(replace(g, free_bytes=free))
     return tuple(out)

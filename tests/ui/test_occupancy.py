@@ -96,3 +96,31 @@ def test_free_for_plan_takes_nvmls_free_memory() -> None:
     (now,) = free_for_plan([g], LiveReading(reading, None, None))
     assert now.free_bytes == reading.gpus[0].free_bytes
     assert free_for_plan([g], None) == (g,)
+
+
+def test_amd_cards_are_read_live_from_sysfs() -> None:
+    """The window's GPU2 on the 4090 + 3090 + RX 7900 XTX machine is the AMD card: its free
+    memory and what others hold come from the sysfs reading of the poll, not the start-up
+    value."""
+    from qmgui.hw.amdgpu import read_amd_gpus
+
+    tree = str(FIXTURES.parent / "sysfs" / "amd-dgpu-igpu-intel" / "drm")
+    reading = read_nvml(nvml=FakeNvml(str(FIXTURES / "two-gpus-with-processes.json")))
+    cards = tuple(a for a in read_amd_gpus(tree) if not a.integrated)
+    (xtx,) = cards
+    live = LiveReading(reading, None, None, cards)
+    stale = Gpu("GPU2 (AMD Radeon RX 7900 XTX)", xtx.total_bytes, xtx.total_bytes)
+    nvidia = Gpu("GPU0 (NVIDIA GeForce RTX 4090)", reading.gpus[0].total_bytes, 1)
+    now = free_for_plan([nvidia, stale], live)
+    assert [g.free_bytes for g in now] == [reading.gpus[0].free_bytes, xtx.free_bytes]
+    load = EngineLoad(1, "mine", "m", footprint(**{stale.name: GIB}), {})
+    assert others_on(stale.name, live, [load]) == xtx.used_bytes - GIB
+    assert others_on("GPU3 (absent)", live, []) is None
+    # without an NVML reading the AMD card is GPU0
+    alone = LiveReading(None, None, None, cards)
+    (g,) = free_for_plan([replace_name(stale, "GPU0 (AMD Radeon RX 7900 XTX)")], alone)
+    assert g.free_bytes == xtx.free_bytes
+
+
+def replace_name(g: Gpu, name: str) -> Gpu:
+    return Gpu(name, g.total_bytes, g.free_bytes, g.backend)
