@@ -1,10 +1,16 @@
 """`qmgui place`: several models on several GPUs at once (`core.placement`), printed per model
-and per device, as JSON, or as a llama-swap config for a headless server."""
+and per device, as JSON, or as a llama-swap config or a bash script for a headless server.
+
+With `--role ROLE=MODEL[:KEY=VALUE,...]` it plans a role set instead (`core.roles`: chat,
+embed, rerank, vision, with replicas): each instance carries its role, replica, cards, context,
+slots and the exact argv."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -21,11 +27,33 @@ from qmgui.core.emit import Command, DevicePin, EmitError, skipped
 from qmgui.core.emit.llama import emit_llama
 from qmgui.core.errors import SizingError
 from qmgui.core.export import PORT_MARK, ExportError, unique_name
-from qmgui.core.export.llama_swap import render_run_set
-from qmgui.core.footprint import Gpu, estimate
+from qmgui.core.export.llama_swap import placement_comment, render_run_set
+from qmgui.core.export.run_set_script import render_run_set_script
+from qmgui.core.footprint import Footprint, Gpu, estimate
 from qmgui.core.launch import CACHE_TYPES, LaunchSettings
-from qmgui.core.placement import AutoContext, Placed, Placement, Request, Unplaced, place
+from qmgui.core.meta import ModelMeta
+from qmgui.core.placement import (
+    AutoContext,
+    Estimator,
+    Placed,
+    Placement,
+    Request,
+    Unplaced,
+    place,
+    place_stages,
+)
 from qmgui.core.profile import apply_profile
+from qmgui.core.roles import (
+    Role,
+    RoleError,
+    RoleLaunch,
+    RoleSpec,
+    parse_role,
+    role_instances,
+    role_launch,
+    role_stages,
+    shortfalls,
+)
 from qmgui.core.units import format_bytes, parse_size
 from qmgui.hw.host import read_ram
 from qmgui.service.launch import Resolver, Target, UsageError, backend_build, load_quietly
@@ -36,6 +64,7 @@ EXIT_UNPLACED = 1  # the placement was made, but some model does not fit
 EXIT_USAGE = 2
 SOURCE = "place"
 AUTO = "auto"
+SCRIPT_MODE = 0o755  # before the umask: the script is meant to be run
 
 EPILOG = """\
 per-model settings: MODEL@KEY=VALUE,KEY=VALUE with llama-server's short names
@@ -46,6 +75,22 @@ per-model settings: MODEL@KEY=VALUE,KEY=VALUE with llama-server's short names
   ncmoe       MoE expert layers kept on the CPU (--n-cpu-moe)
   name        the name the model gets in the output and in the llama-swap config
 example: qmgui place a.gguf@c=32768,np=2 b.gguf@ctx=auto,ctk=q8_0,ctv=q8_0 --gpu 4090 --gpu 3090
+
+roles (--role ROLE=MODEL[:KEY=VALUE,...], repeatable; instead of MODEL..., not beside them):
+  ROLE        chat, embed, rerank or vision; the search roles (embed, rerank) are placed
+              first, then vision, then chat against what is left
+  replicas    instances of the role, each on a card of its own; auto: one per card
+  ctx         tokens per slot (chat: the target, default 32768 or the trained context;
+              embed/rerank: the trained context, at most 4096; batch = context)
+  slots       chat: up to 4 by default, as many full windows as the cards hold; embed and
+              cross-encoder rerank: 1
+  mode        rerank: cross (a rank head, --reranking) or llm (a generative reranker);
+              default: from the model
+  name, fa, ctk, ctv, ngl   as for MODEL@ settings
+  a card left idle widens the context of a model below its target; a vision model without
+  its projector is skipped with a warning; chat below the slots or context asked is a warning
+example: qmgui place --role embed=bge.gguf --role chat=qwen.gguf:slots=4,ctx=16384 \
+           --role rerank=rr.gguf:replicas=auto --gpu 24GiB --gpu 24GiB --json
 
 exit status: 0 when every model is placed, 1 when one or more do not fit (each is printed
 with the reason and the nearest settings that fit), 2 for a usage error.
@@ -63,7 +108,14 @@ def register(sub: Any) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("models", nargs="+", metavar="MODEL", help="a .gguf file, with @settings")
+    p.add_argument("models", nargs="*", metavar="MODEL", help="a .gguf file, with @settings")
+    p.add_argument(
+        "--role",
+        action="append",
+        default=[],
+        metavar="ROLE=MODEL[:KEY=VALUE,...]",
+        help="plan a role set instead of MODEL...: chat, embed, rerank, vision (repeat; see below)",
+    )
     p.add_argument(
         "--gpu",
         action="append",
@@ -84,13 +136,32 @@ def register(sub: Any) -> None:
     p.add_argument("-np", "--parallel", dest="parallel", type=int, help="every model's slots")
     p.add_argument("-ctk", "--cache-type-k", dest="ctk", default="f16", choices=CACHE_TYPES)
     p.add_argument("-ctv", "--cache-type-v", dest="ctv", default="f16", choices=CACHE_TYPES)
-    p.add_argument("-fa", "--flash-attn", dest="fa", default="auto", choices=("on", "off", "auto"))
+    p.add_argument(
+        "-fa",
+        "--flash-attn",
+        dest="fa",
+        choices=("on", "off", "auto"),
+        help="every model's flash attention (default auto; roles: per role and backend)",
+    )
     p.add_argument("--json", action="store_true", help="print the placement as JSON")
     p.add_argument(
         "--llama-swap",
         metavar="FILE",
         help="also write a llama-swap config serving the placed models together "
         "(- for stdout instead of the table)",
+    )
+    p.add_argument(
+        "--script",
+        metavar="FILE",
+        help="also write a bash script that starts every placed model at once, each on its "
+        "own port from --port (- for stdout instead of the table)",
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=8080,
+        help="the first engine's port in --script and in --json argv; the next ones follow "
+        "(default 8080)",
     )
     p.add_argument(
         "--backend",
@@ -366,31 +437,57 @@ def _cpu_pin(args: argparse.Namespace, target: Target) -> DevicePin | None:
     return DevicePin.none(target.variant)
 
 
-def _write_swap(
-    p: Placement,
-    entries: dict[str, ModelEntry],
-    gpus: tuple[Gpu, ...],
-    args: argparse.Namespace,
-    out: TextIO,
-) -> int:
+def _write(path: str, text: str, out: TextIO, *, mode: int | None = None) -> int:
     from qmgui.cli.export import write_atomic  # noqa: PLC0415 - export imports this package
 
-    result = render_run_set(
-        p,
-        _commands(p, entries, gpus, args),
-        header=("llama-swap config written by qmgui place: the run set, preloaded together",),
-    )
-    for warning in result.warnings:
-        notify.warning(warning, source=SOURCE)
-    if args.llama_swap == "-":
-        out.write(result.text)
+    if path == "-":
+        out.write(text)
         return EXIT_OK
     try:
-        write_atomic(args.llama_swap, result.text)
+        write_atomic(path, text)
+        if mode is not None:
+            os.chmod(path, mode & ~_umask())
     except OSError as e:
-        notify.error(f"could not write {args.llama_swap}: {e.strerror or e}", source=SOURCE)
+        notify.error(f"could not write {path}: {e.strerror or e}", source=SOURCE)
         return EXIT_USAGE
-    notify.info(f"wrote {args.llama_swap}", source=SOURCE)
+    notify.info(f"wrote {path}", source=SOURCE)
+    return EXIT_OK
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _write_exports(
+    p: Placement, commands: dict[str, Command], args: argparse.Namespace, out: TextIO
+) -> int:
+    """The llama-swap config and the run-set script the command line asked for."""
+    if args.llama_swap:
+        result = render_run_set(
+            p,
+            commands,
+            header=("llama-swap config written by qmgui place: the run set, preloaded together",),
+        )
+        for warning in result.warnings:
+            notify.warning(warning, source=SOURCE)
+        code = _write(args.llama_swap, result.text, out)
+        if code != EXIT_OK:
+            return code
+    if args.script:
+        script = render_run_set_script(
+            [(x.name, commands[x.name]) for x in p.placed if x.name in commands],
+            title="run set written by qmgui place: every placed engine at once",
+            comments=[f"{x.name}: {placement_comment(x)}" for x in p.placed],
+            base_port=args.port,
+        )
+        for warning in script.warnings:
+            notify.warning(warning, source=SOURCE)
+        if not script.text:
+            notify.error("no placed model has a command to run", source=SOURCE)
+            return EXIT_UNPLACED
+        return _write(args.script, script.text, out, mode=SCRIPT_MODE)
     return EXIT_OK
 
 
@@ -424,8 +521,12 @@ def cmd_place(args: argparse.Namespace, out: TextIO) -> int:
             parallel=args.parallel,
             cache_type_k=args.ctk,
             cache_type_v=args.ctv,
-            flash_attn=args.fa,
+            flash_attn=args.fa or AUTO,
         )
+        if args.role:
+            return _roles(args, out, gpus, (reserve, host), base)
+        if not args.models:
+            raise ValueError("name a MODEL to place, or a role set with --role ROLE=MODEL")
         specs = [parse_spec(text, base, args.ctx) for text in args.models]
     except ValueError as e:
         notify.error(str(e), source=SOURCE)
@@ -442,17 +543,238 @@ def cmd_place(args: argparse.Namespace, out: TextIO) -> int:
         return EXIT_USAGE
     if refused:
         p = replace(p, unplaced=(*p.unplaced, *refused))
-    if args.llama_swap:
+    if args.llama_swap or args.script:
         try:
-            code = _write_swap(p, entries, gpus, args, out)
+            commands = _commands(p, entries, gpus, args)
+            code = _write_exports(p, commands, args, out)
         except (UsageError, EmitError, ExportError) as e:
             notify.error(str(e), source=SOURCE)
             return EXIT_USAGE
-        if code != EXIT_OK or args.llama_swap == "-":
+        if code != EXIT_OK or "-" in (args.llama_swap, args.script):
             return code
     if args.json:
         json.dump(placement_json(p, gpus), out, indent=2)
         out.write("\n")
     else:
         print_placement(p, out)
+    return EXIT_OK if p.fits else EXIT_UNPLACED
+
+
+# --- role sets -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _RoleModel:
+    """A role's model as read from disk, with its launch (or why it takes no part)."""
+
+    spec: RoleSpec
+    entry: ModelEntry
+    launch: RoleLaunch | None
+    refused: str | None = None  # not placed: the reason
+    skipped: str | None = None  # left out with a warning (vision without a projector)
+
+
+def _role_model(
+    spec: RoleSpec, gpus: tuple[Gpu, ...], base: LaunchSettings, fa: str | None
+) -> _RoleModel:
+    entry = entry_for_path(spec.model)
+    meta = entry.meta
+    if meta is None or entry.error:
+        return _RoleModel(spec, entry, None, refused=entry.error or "not a model")
+    if entry.format != "gguf":
+        why = "roles place llama-server launches of GGUF files"
+        return _RoleModel(spec, entry, None, refused=why)
+    if spec.role is Role.VISION and not entry.mmproj:
+        why = f"{entry.name} has no projector (mmproj*.gguf beside it): vision skipped"
+        return _RoleModel(spec, entry, None, skipped=why)
+    if spec.role is not Role.VISION:
+        entry = replace(entry, mmproj=None)  # chat of a multimodal model: text only
+    if fa is not None and spec.fa is None:
+        spec = replace(spec, fa=fa)
+    try:
+        launch = role_launch(spec, meta, backends=[g.backend for g in gpus], base=base)
+    except RoleError as e:
+        return _RoleModel(spec, entry, None, refused=str(e))
+    return _RoleModel(spec, entry, launch)
+
+
+def _with_projectors(sizing: Estimator, projectors: dict[int, ModelMeta]) -> Estimator:
+    """`sizing` charging a vision model's projector (by the identity of its metadata)."""
+
+    def sized(meta: ModelMeta, s: LaunchSettings, gpus: Sequence[Gpu]) -> Footprint:
+        mmproj = projectors.get(id(meta))
+        if mmproj is None:
+            return sizing(meta, s, gpus)
+        return sizing(meta, s, gpus, mmproj=mmproj)  # type: ignore[call-arg]
+
+    return sized
+
+
+class _RoleSet:
+    """One `qmgui place --role ...`: the role models, their instances and the placement."""
+
+    def __init__(self, args: argparse.Namespace, gpus: tuple[Gpu, ...], base: LaunchSettings):
+        self.args = args
+        self.gpus = gpus
+        try:
+            specs = [parse_role(text) for text in args.role]
+        except RoleError as e:
+            raise ValueError(str(e)) from None
+        self.models = [_role_model(spec, gpus, base, args.fa) for spec in specs]
+        self.skipped = [m for m in self.models if m.skipped]
+        taken: set[str] = set()
+        self.refused: list[Unplaced] = []
+        self.refused_specs: dict[str, RoleSpec] = {}
+        for m in self.models:
+            if m.refused:
+                name = unique_name(m.spec.name or m.spec.role.value, taken)
+                self.refused.append(Unplaced(name, m.refused))
+                self.refused_specs[name] = m.spec
+        ready = [m for m in self.models if m.launch is not None]
+        launches = [(m.spec, m.launch) for m in ready if m.launch is not None]
+        self.instances = role_instances(launches, len(gpus), taken)
+        self.by_name = {i.name: i for i in self.instances}
+        by_spec = {id(m.spec): m for m in ready}
+        self.entries = {i.name: by_spec[id(i.spec)].entry for i in self.instances}
+        self.projectors: dict[int, ModelMeta] = {}
+        for m in ready:
+            if m.spec.role is Role.VISION and m.entry.mmproj and m.launch is not None:
+                proj = entry_for_path(m.entry.mmproj).meta
+                if proj is not None:
+                    self.projectors[id(m.launch.meta)] = proj
+
+    def place(self, reserve: int, host: int | None) -> tuple[Placement, list[str]]:
+        """The placement (search roles first, chat last, idle cards widening) and the
+        warnings: chat below what was asked, auto replicas without a card, role notes."""
+        rules, rules_note = rules_for(_backend_build(self.args, self.entries))
+        if rules_note:
+            notify.info(rules_note, source=SOURCE)
+        sizing = _with_projectors(partial(estimate, rules=rules), self.projectors)
+        stages = role_stages(self.instances)
+        p = place_stages(stages, self.gpus, reserve=reserve, host_bytes=host,
+                         estimate=sizing, widen_idle=True)  # fmt: skip
+        p, warnings = self._auto_replicas_left(p)
+        p = replace(p, unplaced=(*p.unplaced, *self.refused))
+        for x in p.placed:
+            warnings.extend(shortfalls(self.by_name[x.name], x))
+        warnings += [f"{i.name}: {n}" for i in self.instances for n in i.launch.notes]
+        return p, warnings
+
+    def _auto_replicas_left(self, p: Placement) -> tuple[Placement, list[str]]:
+        """Auto replicas that found no card are dropped with a note (auto is one per card
+        that holds it), as long as their role has one placed."""
+        placed = {x.name for x in p.placed}
+        notes: list[str] = []
+        kept: list[Unplaced] = []
+        for u in p.unplaced:
+            inst = self.by_name.get(u.name)
+            auto = inst is not None and inst.spec.replicas is None
+            if (
+                auto
+                and inst is not None
+                and any(i.spec is inst.spec and i.name in placed for i in self.instances)
+            ):
+                notes.append(f"{u.name}: no card left for another {inst.spec.role.value} replica")
+                continue
+            kept.append(u)
+        return replace(p, unplaced=tuple(kept)), notes
+
+    def commands(self, p: Placement, port: Callable[[int], int | str]) -> dict[str, Command]:
+        """Each placed instance's command: its role's model, settings, cards and arguments."""
+        args = self.args
+        resolver = Resolver(
+            load_quietly(), backend_arg=args.backend, engine="llama", probe=not args.no_probe
+        )
+        commands: dict[str, Command] = {}
+        for i, x in enumerate(p.placed):
+            inst, entry = self.by_name[x.name], self.entries[x.name]
+            target = resolver.target(entry)
+            if isinstance(target, str):
+                commands[x.name] = skipped(target)
+                continue
+            commands[x.name] = emit_llama(
+                replace(entry, meta=inst.launch.meta),
+                x.settings,
+                executable=target.executable,
+                port=port(i),
+                supported_flags=target.supported,
+                valueless_flags=target.valueless,
+                devices=DevicePin.for_devices(x.devices, self.gpus, target.variant),
+                extra_args=inst.launch.args,
+            )
+        return commands
+
+    def json(self, p: Placement, commands: dict[str, Command], warnings: list[str]) -> Any:
+        doc = placement_json(p, self.gpus)
+        ports = {x.name: self.args.port + i for i, x in enumerate(p.placed)}
+        for row in doc["models"]:
+            inst = self.by_name.get(row["name"])
+            if inst is None:
+                spec = self.refused_specs.get(row["name"])
+                if spec is not None:
+                    row.update(role=spec.role.value, replica=0, replicas=0, model=spec.model)
+                continue
+            row.update(
+                role=inst.spec.role.value,
+                replica=inst.replica,
+                replicas=inst.replicas,
+                model=inst.spec.model,
+                rerank_mode=inst.launch.mode.value if inst.launch.mode else None,
+                context_asked=inst.launch.ctx_asked,
+                slots_asked=inst.launch.slots_asked,
+            )
+            if row["placed"]:
+                cmd = commands[row["name"]]
+                row.update(port=ports[row["name"]], argv=list(cmd.argv), env=dict(cmd.env),
+                           command_warnings=list(cmd.warnings))  # fmt: skip
+        doc["skipped"] = [
+            {"role": m.spec.role.value, "model": m.spec.model, "reason": m.skipped}
+            for m in self.skipped
+        ]
+        doc["warnings"] = warnings
+        return doc
+
+    def print(self, p: Placement, commands: dict[str, Command], out: TextIO) -> None:
+        print_placement(p, out)
+        print(file=out)
+        for i, x in enumerate(p.placed):
+            inst = self.by_name[x.name]
+            argv = shlex.join(commands[x.name].argv) or "(no command)"
+            where = f"port {self.args.port + i}"
+            print(f"{x.name} ({inst.spec.role.value}, replica {inst.replica}) on {where}: "
+                  f"{argv}", file=out)  # fmt: skip
+
+
+def _roles(
+    args: argparse.Namespace, out: TextIO, gpus: tuple[Gpu, ...], budget: tuple[int, int | None],
+    base: LaunchSettings,
+) -> int:  # fmt: skip
+    """`qmgui place --role ...`: the role set on the GPUs (`budget`: the reserve, host RAM)."""
+    if args.models:
+        raise ValueError("--role plans a role set: give the models as ROLE=MODEL, not beside it")
+    roles = _RoleSet(args, gpus, base)
+    for m in roles.skipped:
+        notify.warning(m.skipped or "", source=SOURCE)
+    try:
+        p, warnings = roles.place(*budget)
+    except (SizingError, ValueError) as e:
+        notify.error(str(e), source=SOURCE)
+        return EXIT_USAGE
+    for w in warnings:
+        notify.warning(w, source=SOURCE)
+    try:
+        if args.llama_swap or args.script:
+            code = _write_exports(p, roles.commands(p, lambda _: PORT_MARK), args, out)
+            if code != EXIT_OK or "-" in (args.llama_swap, args.script):
+                return code
+        commands = roles.commands(p, lambda i: args.port + i)
+    except (UsageError, EmitError, ExportError) as e:
+        notify.error(str(e), source=SOURCE)
+        return EXIT_USAGE
+    if args.json:
+        doc = roles.json(p, commands, [*(m.skipped or "" for m in roles.skipped), *warnings])
+        json.dump(doc, out, indent=2)
+        out.write("\n")
+    else:
+        roles.print(p, commands, out)
     return EXIT_OK if p.fits else EXIT_UNPLACED

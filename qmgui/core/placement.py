@@ -41,7 +41,8 @@ The rules, in order, and why:
   card serves as many full windows as it holds and no more.
 - Idle cards (`widen_idle`): a card nothing runs on, once everything is placed, widens the
   context of a model still below its target: the model is split over its cards and the idle
-  ones (roomiest first, the fewest that reach the target), when that gives it more context.
+  ones (roomiest first, the fewest that reach the target), when that reaches the target or
+  gives it a quarter more context (`WIDEN_GAIN`; a split costs transfers on every token).
 - Stages (`place_stages`): each stage is placed against what the earlier stages left, so the
   search roles are sized first and chat gets the rest (`core.roles`).
 
@@ -84,6 +85,9 @@ _SPLIT_UNIT = MIB
 _REBALANCE_ROUNDS = 4
 # A card large enough for any model: sizes a request for the largest-first order.
 _UNBOUNDED = 1 << 62
+# An idle card widens a context only for at least this much more of it (or the target): a
+# split costs transfers between the cards on every token, which a few more tokens do not buy.
+WIDEN_GAIN = 1.25
 # The KV cache type suggested when f16 does not fit: half the bytes, a small quality cost.
 QUANT_KV = "q8_0"
 _FULL_PRECISION_KV = frozenset({"f32", "f16", "bf16"})
@@ -842,7 +846,7 @@ def _widen(
             best = (c, at(c))
         if best is not None and best[0] * CTX_PAD >= target:
             break
-    if best is None:
+    if best is None or (best[0] * CTX_PAD < target and best[0] * CTX_PAD < have * WIDEN_GAIN):
         placer.room = before
         return placed
     tried = best[1]

@@ -12,7 +12,7 @@ import pytest
 from qmgui.core.errors import SizingError
 from qmgui.core.footprint import CPU, Gpu
 from qmgui.core.launch import LaunchSettings
-from qmgui.core.placement import AutoContext, Request, place, place_stages
+from qmgui.core.placement import WIDEN_GAIN, AutoContext, Request, place, place_stages
 from qmgui.core.units import GIB, MIB
 from tests.core.test_placement import N_LAYER, cards, model, req, toy
 
@@ -92,6 +92,20 @@ def test_an_idle_card_widens_a_context_below_its_target() -> None:
     assert any("widened onto idle" in n for n in after.notes)
     for d in wide.gpus:
         assert d.free is not None and d.free >= 0
+
+
+def test_an_idle_card_that_adds_little_is_left_alone() -> None:
+    # a split costs transfers on every token: a small idle card that adds less than a quarter
+    # more context is not worth it
+    auto = AutoContext(target=65536, minimum=4096)
+    r = Request("m", model(5), LaunchSettings(parallel=1), context=auto)
+    small = place([r], cards(6, 0.15), reserve=0, estimate=toy, widen_idle=True)
+    assert small.placed[0].devices == ("GPU0",)
+    have = small.placed[0].footprint.settings.n_ctx
+    assert have * (WIDEN_GAIN - 1) > 0.15 * GIB / KV_TOKEN  # what the small card could add
+    big = place([r], cards(6, 1), reserve=0, estimate=toy, widen_idle=True)
+    assert len(big.placed[0].devices) == 2
+    assert big.placed[0].footprint.settings.n_ctx >= have * WIDEN_GAIN
 
 
 def test_a_model_at_its_target_leaves_the_idle_card_alone() -> None:
