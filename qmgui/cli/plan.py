@@ -58,8 +58,9 @@ def register(sub: Any) -> None:
         help="predict what one llama-server launch allocates, per GPU and in host memory",
         description="Predict every buffer llama-server allocates for MODEL with these "
         "settings (flag names as llama-server spells them). --gpu SIZE plans for a card that "
-        "need not exist; with no --gpu the NVIDIA GPUs present are used, and with none the "
-        "plan is CPU-only. The model's saved profile (--save, qmgui import, the window) fills "
+        "need not exist; with no --gpu the GPUs the registered llama-server lists are used "
+        "(--list-devices; free memory from NVML and amdgpu), and with none the plan is "
+        "CPU-only. The model's saved profile (--save, qmgui import, the window) fills "
         "the settings not given here.",
         epilog="exit status: 0 the launch fits; 1 it does not fit (the nearest setting that "
         'fits is printed, and is the "nearest" object of --json); 2 a usage error or a model '
@@ -257,7 +258,7 @@ def rpc_gpus(texts: list[str]) -> tuple[Gpu, ...]:
 
 def gpus_from(args: argparse.Namespace) -> tuple[Gpu, ...]:
     """The devices to plan for: `--rpc` servers first (llama.cpp's order), then the `--gpu`
-    sizes, else the NVIDIA GPUs present (none and no `--rpc`: CPU only)."""
+    sizes, else this machine's (`local_machine`; none and no `--rpc`: CPU only)."""
     remote = rpc_gpus(getattr(args, "rpc", None) or [])
     return (*remote, *_local_gpus(args))
 
