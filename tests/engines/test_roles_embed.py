@@ -78,11 +78,13 @@ def chunk(url: str) -> tuple[str, int]:
     return " ".join(words), n
 
 
-def serve(argv: list[str], model_bytes: int) -> Supervisor:
-    sup = Supervisor(EngineSpec(argv=tuple(argv), model_bytes=model_bytes))  # a free port
+def serve(argv: list[str], model_bytes: int) -> tuple[Supervisor, str]:
+    """The engine started on a free port of 127.0.0.1, ready; and its URL."""
+    sup = Supervisor(EngineSpec(argv=tuple(argv), model_bytes=model_bytes))
     sup.start()
     assert sup.wait_ready(60), sup.outcome
-    return sup
+    assert sup.url is not None
+    return sup, sup.url
 
 
 @pytest.mark.parametrize("kind", sorted(MODELS))
@@ -94,11 +96,11 @@ def test_a_2000_token_chunk_is_accepted_by_the_embed_role(
     assert argv[argv.index("-b") + 1] == argv[argv.index("-ub") + 1] == ctx == "4096"
     assert "--embedding" in argv and argv[argv.index("--pooling") + 1] == MODELS[kind][1]
     model = Path(argv[argv.index("-m") + 1])
-    sup = serve(argv, model.stat().st_size)
+    sup, url = serve(argv, model.stat().st_size)
     try:
-        text, n = chunk(sup.url)
+        text, n = chunk(url)
         assert CHUNK_TOKENS <= n < int(ctx)
-        status, doc = post(f"{sup.url}/v1/embeddings", {"input": text})
+        status, doc = post(f"{url}/v1/embeddings", {"input": text})
         assert status == 200, doc
         (item,) = doc["data"]
         assert len(item["embedding"]) == MODELS[kind][0].n_embd
@@ -116,11 +118,11 @@ def test_the_engine_default_micro_batch_refuses_that_chunk_on_an_encoder(
         i = argv.index(name)
         del argv[i : i + 2]
     model = Path(argv[argv.index("-m") + 1])
-    sup = serve(argv, model.stat().st_size)
+    sup, url = serve(argv, model.stat().st_size)
     try:
-        text, n = chunk(sup.url)
+        text, n = chunk(url)
         assert n >= CHUNK_TOKENS
-        status, doc = post(f"{sup.url}/v1/embeddings", {"input": text})
+        status, doc = post(f"{url}/v1/embeddings", {"input": text})
         assert status != 200, doc
         assert "batch" in json.dumps(doc).lower()  # "increase the physical batch size"
     finally:
