@@ -2,6 +2,9 @@
 
 `VramBar` only paints the `BarSpec` it is given; `bars_for` turns a plan into specs and
 `MemoryPanel` lays the bars out with a legend, the verdict and the "Nearest fit" button.
+A buffer the plan charges as an upper bound (`Footprint.bounds`: no exact model) is hatched
+in its segment, its bar's total reads "≤ …", the tooltip says why, and a verdict of "Fits"
+resting on one reads "Fits (bound)".
 """
 
 from __future__ import annotations
@@ -10,7 +13,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from PySide6.QtCore import QRectF, QSize, Qt, Signal
-from PySide6.QtGui import QColor, QFont, QFontMetrics, QPainter, QPaintEvent, QPalette, QPen
+from PySide6.QtGui import (
+    QBrush,
+    QColor,
+    QFont,
+    QFontMetrics,
+    QPainter,
+    QPaintEvent,
+    QPalette,
+    QPen,
+)
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
@@ -20,6 +32,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from qmgui.core.bounds import Bound
 from qmgui.core.footprint import CPU, DeviceFootprint
 from qmgui.core.units import GIB, format_bytes
 from qmgui.core.vllm import VllmPlan
@@ -37,7 +50,12 @@ SEGMENTS: dict[str, tuple[str, QColor]] = {
     "other": ("Output, state", QColor(120, 144, 156)),
     "context": ("Engine context", QColor(141, 110, 99)),
     "reserve": ("Reserve", QColor(190, 190, 190)),
+    # not a segment of its own: the hatched part of a segment that is an upper bound
+    "bound": ("Upper bound (not modelled)", QColor(255, 255, 255, 170)),
 }
+BOUND_PATTERN = Qt.BrushStyle.BDiagPattern
+# which segment a bound's part is drawn in (Bound.part)
+BOUND_SEGMENT = {"compute": "compute", "projector compute": "compute"}
 # a second shade so that neighbouring engines stay apart
 ENGINE_ALT_COLOUR = QColor(0, 121, 107)
 OVER_COLOUR = QColor(215, 58, 73)
@@ -55,6 +73,15 @@ class BarSpec:
     over: bool = False
     engines: tuple[EngineShare, ...] = ()  # running engines, drawn first
     others: int | None = None  # other processes (None: not known, e.g. what-if hardware)
+    bounds: tuple[Bound, ...] = ()  # parts of the segments charged as upper bounds
+
+    @property
+    def bounded(self) -> int:
+        """Bytes of the planned segments that are upper bounds, not estimates."""
+        return sum(b.bytes for b in self.bounds)
+
+    def bounded_in(self, key: str) -> int:
+        return sum(b.bytes for b in self.bounds if BOUND_SEGMENT.get(b.part, "compute") == key)
 
     @property
     def planned(self) -> int:
@@ -98,6 +125,7 @@ def bars_for(
     hw = outcome.hardware
     fit = outcome.fit
     devices = {d.name: d for d in fit.footprint.devices} if fit else {}
+    bounds = fit.footprint.bounds if fit else ()
     if fit is None and outcome.vllm is not None:
         devices = _vllm_devices(outcome.vllm, outcome.vllm_gpus)
     here = not hw.what_if
@@ -107,15 +135,19 @@ def bars_for(
         limit = max(g.available - reserve, 0)
         engines = shares_on(g.name, loads) if here else ()
         others = others_on(g.name, live, loads) if here else None
+        on = tuple(b for b in bounds if b.device == g.name)
         bars.append(
-            BarSpec(g.name, g.total_bytes, _segments(d), reserve, d.total > limit, engines, others)
+            BarSpec(
+                g.name, g.total_bytes, _segments(d), reserve, d.total > limit, engines, others, on
+            )
         )
     host = devices.get(CPU, DeviceFootprint(CPU))
     over = hw.host_bytes is not None and host.total > hw.host_bytes
     title = "System RAM" + (" (this machine)" if hw.what_if else "")
     engines = shares_on(CPU, loads)
     others = others_on(CPU, live, loads)
-    bars.append(BarSpec(title, hw.host_bytes, _segments(host), 0, over, engines, others))
+    on = tuple(b for b in bounds if b.device == CPU)
+    bars.append(BarSpec(title, hw.host_bytes, _segments(host), 0, over, engines, others, on))
     return bars
 
 
@@ -159,8 +191,15 @@ class VramBar(QWidget):
         s = self._spec
         if s is None:
             return ""
-        lines = [f"{s.title}: {format_bytes(s.planned)} planned for the selected model"]
-        lines += [f"  {SEGMENTS[k][0]}: {format_bytes(n)}" for k, n in s.segments if n]
+        at_most = "≤ " if s.bounded else ""
+        lines = [f"{s.title}: {at_most}{format_bytes(s.planned)} planned for the selected model"]
+        for k, n in s.segments:
+            if not n:
+                continue
+            bound = s.bounded_in(k)
+            upper = f" (≤; {format_bytes(bound)} of it an upper bound)" if bound else ""
+            lines.append(f"  {SEGMENTS[k][0]}: {format_bytes(n)}{upper}")
+        lines += [f"Upper bound, {b.part}: ≤ {format_bytes(b.bytes)}: {b.why}" for b in s.bounds]
         for e in s.engines:
             measured = f", measured {format_bytes(e.measured)}" if e.measured is not None else ""
             lines.append(f"Running {e.name}: planned {format_bytes(e.planned)}{measured}")
@@ -191,10 +230,11 @@ class VramBar(QWidget):
         p.drawText(title_rect, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, s.title)
         p.setFont(self.font())
         cap = f" of {gib(s.capacity)}" if s.capacity else ""
+        at_most = "≤ " if s.bounded else ""  # part of the plan is an upper bound
         total = (
-            f"{gib(s.planned)} planned + {gib(s.held)} in use{cap}"
+            f"{at_most}{gib(s.planned)} planned + {gib(s.held)} in use{cap}"
             if s.held
-            else f"{gib(s.used)}{cap}"
+            else f"{at_most}{gib(s.used)}{cap}"
         )
         if s.over:
             p.setPen(OVER_COLOUR)
@@ -244,6 +284,7 @@ class VramBar(QWidget):
                 p.setBrush(colour)
                 p.drawRect(rect)
                 x += seg_w
+                self._hatch(p, rect, min(s.bounded_in(key), n) / n if key != "engines" else 0)
             label = gib(n) if n >= 0.05 * GIB else ""
             if name and fm.horizontalAdvance(f"{name} {label}") + 8 < seg_w:
                 label = f"{name} {label}".strip()
@@ -257,13 +298,22 @@ class VramBar(QWidget):
         p.setBrush(Qt.BrushStyle.NoBrush)
         p.drawRoundedRect(bar, 4, 4)
 
+    @staticmethod
+    def _hatch(p: QPainter, rect: QRectF, share: float) -> None:
+        """Hatch the last `share` of a segment: the part charged as an upper bound."""
+        if share <= 0:
+            return
+        w = rect.width() * share
+        p.setBrush(QBrush(SEGMENTS["bound"][1], BOUND_PATTERN))
+        p.drawRect(QRectF(rect.right() - w, rect.top(), w, rect.height()))
+
 
 class Legend(QLabel):
     """Colour swatches with their names, wrapped onto as many lines as the width needs (a
     word-wrapped label: its minimum width is one item, so it never widens the panel). The
     running-engine, other-process and engine-context swatches show only when a bar has them."""
 
-    OPTIONAL = ("engines", "others", "context")
+    OPTIONAL = ("engines", "others", "context", "bound")
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -284,8 +334,11 @@ class Legend(QLabel):
                 if key != "free"
                 else self.palette().color(QPalette.ColorRole.Base).name()
             )
+            mark = "■"
+            if key == "bound":  # hatched in the compute colour, as the bars draw it
+                mark, swatch = "▨", SEGMENTS["compute"][1].name()
             name = label.replace(" ", "&nbsp;")
-            items.append(f'<span style="color:{swatch}; font-size:large">■</span>&nbsp;{name}')
+            items.append(f'<span style="color:{swatch}; font-size:large">{mark}</span>&nbsp;{name}')
         self.setText(" &nbsp;&nbsp; ".join(items))
 
 
@@ -300,6 +353,8 @@ class MemoryPanel(QWidget):
         self._bars_box = QVBoxLayout()
         self._bars_box.setSpacing(10)
         self.bars: list[VramBar] = []
+        self._bounds: tuple[Bound, ...] = ()  # the plan's upper bounds (set_bars)
+        self._bounded_checked = False
         self.verdict = QLabel(self)
         self.verdict.setWordWrap(True)
         self.verdict.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -356,6 +411,12 @@ class MemoryPanel(QWidget):
             present.append("others")
         if any(n for spec in specs for k, n in spec.segments if k == "context"):
             present.append("context")
+        self._bounds = tuple(b for spec in specs for b in spec.bounds)
+        self._bounded_checked = any(
+            spec.bounds and spec.capacity is not None for spec in specs
+        )  # a bar whose size is known: its verdict rests on the bound
+        if self._bounds:
+            present.append("bound")
         if tuple(present) != tuple(k for k in self.legend.keys if k in Legend.OPTIONAL):
             self.legend.show_keys(present)
 
@@ -373,7 +434,18 @@ class MemoryPanel(QWidget):
         self.measured.setVisible(bool(text))
 
     def set_verdict(self, text: str, *, ok: bool, nearest: bool) -> None:
+        """The verdict under the bars (set after `set_bars`): a "Fits" that rests on a buffer
+        charged as an upper bound on a bar of known size reads "Fits (bound)", its tooltip
+        says which and why."""
         colour = SEGMENTS["weights"][1] if ok else OVER_COLOUR
+        if ok and self._bounded_checked and text.startswith("Fits") and "(bound)" not in text:
+            text = "Fits (bound)" + text[len("Fits") :]
         self.verdict.setText(text)
+        self.verdict.setToolTip(
+            "\n".join(
+                f"{b.device} {b.part}: ≤ {format_bytes(b.bytes)}, an upper bound: {b.why}"
+                for b in self._bounds
+            )
+        )
         self.verdict.setStyleSheet("" if ok else f"color: {colour.name()};")
         self.nearest.setVisible(nearest)
