@@ -89,7 +89,7 @@ roles (--role ROLE=MODEL[:KEY=VALUE,...], repeatable; instead of MODEL..., not b
   name, fa, ctk, ctv, ngl   as for MODEL@ settings
   a card left idle widens the context of a model below its target; a vision model without
   its projector is skipped with a warning; chat below the slots or context asked is a warning
-example: qmgui place --role embed=bge.gguf --role chat=qwen.gguf:slots=4,ctx=16384 \
+example: qmgui place --role embed=bge.gguf --role chat=qwen.gguf:slots=4,ctx=16384 \\
            --role rerank=rr.gguf:replicas=auto --gpu 24GiB --gpu 24GiB --json
 
 exit status: 0 when every model is placed, 1 when one or more do not fit (each is printed
