@@ -300,3 +300,20 @@ def test_the_role_set_comes_out_as_a_script_that_starts_every_engine(
     got = {int(p.stem): json.loads(p.read_text()) for p in out_dir.glob("*.json")}
     assert got == want  # every engine, on its own port, with the exact argv
     assert not (tmp_path / "PWNED").exists()
+
+
+def test_chat_alone_takes_the_kv_cache_types_and_a_quantized_v_needs_flash(models: Path) -> None:
+    code, doc, _ = place_json(
+        "--role", f"chat={models / 'chat.gguf'}:ctx=4096,replicas=2",
+        "--role", f"embed={models / 'bge.gguf'}",
+        "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "off", "--gpu", "4GiB", "--gpu", "4GiB",
+    )  # fmt: skip
+    assert code == 0
+    r = rows(doc)
+    for name in ("chat-1", "chat-2"):
+        argv = r[name]["argv"]
+        assert flag(argv, "-ctk") == "q8_0" and "-ctv" not in argv  # V stays f16
+        assert flag(argv, "-fa") == "off"  # the command line's -fa wins over the role's
+    assert "-ctk" not in r["embed"]["argv"]  # the other roles run f16
+    notes = [w for w in doc["warnings"] if "V cache stays f16" in w]
+    assert len(notes) == 1 and notes[0].startswith("chat-1: ")  # once per role, not replica

@@ -657,7 +657,9 @@ class _RoleSet:
         p = replace(p, unplaced=(*p.unplaced, *self.refused))
         for x in p.placed:
             warnings.extend(shortfalls(self.by_name[x.name], x))
-        warnings += [f"{i.name}: {n}" for i in self.instances for n in i.launch.notes]
+        warnings += [
+            f"{i.name}: {n}" for i in self.instances if i.replica == 0 for n in i.launch.notes
+        ]
         return p, warnings
 
     def _auto_replicas_left(self, p: Placement) -> tuple[Placement, list[str]]:
