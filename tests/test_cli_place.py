@@ -185,3 +185,17 @@ def test_place_sizes_by_the_backends_build(models: Path) -> None:
         return sum(m["bytes"].values())
 
     assert host_bytes("--backend", str(engine)) > host_bytes()
+
+
+def test_script_starts_every_placed_model_on_its_own_port(models: Path) -> None:
+    code, out, err = run(
+        "place", str(models / "llama.gguf"), str(models / "qwen2.gguf"),
+        "--gpu", "4GiB", "--no-probe", "--script", "-", "--port", "9100",
+    )  # fmt: skip
+    assert code == 0, err
+    assert out.startswith("#!/usr/bin/env bash\n")
+    assert 'BASE_PORT="${BASE_PORT:-9100}"' in out
+    assert out.count("exec ") == 2 and out.count('pids+=("$!")') == 2
+    for name in ("llama.gguf", "qwen2.gguf"):
+        assert f"-m {models / name}" in out
+    assert "PORT=$((BASE_PORT + 0))" in out and "PORT=$((BASE_PORT + 1))" in out
