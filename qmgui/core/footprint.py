@@ -28,7 +28,7 @@ from qmgui.core.errors import SizingError
 from qmgui.core.gguf_tables import GGML_SIZES_BY_NAME
 from qmgui.core.launch import LaunchSettings, Resolved, pad, resolve, row_bytes
 from qmgui.core.meta import DSV4_CSA_RATIO, DSV4_HCA_RATIO, ModelMeta, Pooling, TensorEntry
-from qmgui.core.sched import Offload, sched_compute_bytes
+from qmgui.core.sched import Offload, _unfused_delta_net_bound, sched_compute_bytes
 from qmgui.core.units import MIB, format_bytes
 
 # ggml type name -> (elements per block, bytes per block), from qmgui's copy of gguf's table
@@ -652,22 +652,23 @@ def _compute(
         )
     local = [g for g in gpus if g.name in used and not g.remote]
     if why is None and len(used) == 1 and len(local) == 1:
-        found = _one_gpu(
-            meta,
-            r,
-            layer_dev,
-            local[0],
-            older=graph + copy,
-            embeddings=embeddings,
-            notes=notes,
-            s=settings,
-            mixed_batch=mixed_batch,
-        )
-        if found:
-            return found
-        # the scheduler's walk could not be replayed: the graph bounds each device instead
-        why = compute_bound_why("llama.cpp's scheduler could not be replayed for this graph")
-        graph = max(graph, compute_bound(meta, r, embeddings=embeddings))
+        try:
+            return _one_gpu(
+                meta,
+                r,
+                layer_dev,
+                local[0],
+                older=graph + copy,
+                embeddings=embeddings,
+                notes=notes,
+                s=settings,
+                mixed_batch=mixed_batch,
+                bounds=bounds,
+            )
+        except SizingError as e:
+            # the scheduler's walk could not be replayed: the graph bounds each device instead
+            why = compute_bound_why(str(e))
+            graph = max(graph, compute_bound(meta, r, embeddings=embeddings))
     if why is None:
         notes.append("GPU compute buffers are estimated from the CPU graph (not measured on a GPU)")
     # the copy is the local GPU backends' choice (offload_op); an RPC device gets none
@@ -710,9 +711,12 @@ def _one_gpu(
     notes: list[str],
     s: LaunchSettings,
     mixed_batch: bool = False,
+    bounds: list[Bound] | None = None,
 ) -> dict[str, int]:
     """One local GPU and the host: the scheduler's walk (core.sched). `older` is the CPU
-    graph plus the largest CPU-resident weight, the figure used before the walk existed."""
+    graph plus the largest CPU-resident weight, the figure used before the walk existed.
+    Raises SizingError where the walk cannot be replayed. The bound the walk adds for an
+    unfused delta net (recurrent layers in host memory) goes to `bounds`."""
     n = meta.n_layer
     host_layers = frozenset(il for il in range(n) if layer_dev[il] == CPU)
     offload = Offload(
@@ -722,14 +726,13 @@ def _one_gpu(
         host_caches=host_layers if s.kv_offload else frozenset(range(n)),
         output_on_host=layer_dev[n] == CPU,
     )
-    try:
-        found = sched_compute_bytes(
-            meta, r, offload, embeddings=embeddings, mixed_batch=mixed_batch
-        )
-    except SizingError as e:
-        notes.append(f"compute buffer not estimated: {e}")
-        return {}
-    notes.extend(found.notes)
+    found = sched_compute_bytes(meta, r, offload, embeddings=embeddings, mixed_batch=mixed_batch)
+    for note in found.notes:
+        if "carries a bound" in note and bounds is not None:  # sched's unfused delta net
+            extra = _unfused_delta_net_bound(meta, r, embeddings)
+            bounds.append(Bound("compute", gpu.name, extra, note))
+        else:
+            notes.append(note)
     gpu_bytes = found.gpu
     if gpu.backend != "vulkan" or not s.kv_offload:
         # measured with Vulkan and the KV cache on the GPU; elsewhere (CUDA: no reordering,

@@ -292,3 +292,22 @@ def test_the_fit_searches_make_room_for_the_projector(tmp_path: Path) -> None:
     assert both.footprint.settings.n_ctx < alone.footprint.settings.n_ctx
     near = nearest_fit(meta, s, budget, mmproj=proj)
     assert near is not None and check(meta, near, budget, mmproj=proj).fits
+
+
+def test_the_schedulers_delta_net_bound_is_listed(tmp_path: Path) -> None:
+    """qwen3next with its recurrent state in host memory on a Vulkan card: llama.cpp runs the
+    unfused delta net, which core.sched bounds; the plan lists that bound on the card."""
+    from qmgui.core.sched import _unfused_delta_net_bound
+    from tests.synth.factory import PRESETS, write_gguf
+
+    path = write_gguf(tmp_path / "tiny-qwen3next.gguf", PRESETS["qwen3next"])
+    meta = meta_from_gguf(read_gguf_header(path), file_name=path.name)
+    gpus = (Gpu("GPU0", 8 * GIB, backend="vulkan"),)
+    on_card = estimate(meta, LaunchSettings(ctx_size=1024), gpus)
+    assert on_card.bounds == ()
+    fp = estimate(meta, LaunchSettings(ctx_size=1024, kv_offload=False), gpus)
+    (bound,) = fp.bounds
+    assert bound.part == "compute" and bound.device == "GPU0"
+    assert bound.bytes == _unfused_delta_net_bound(meta, fp.settings, False) > 0
+    assert "gated-delta-net" in bound.why and not any("carries a bound" in n for n in fp.notes)
+    assert fp.device("GPU0").compute >= bound.bytes
