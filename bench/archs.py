@@ -10,8 +10,10 @@ layers, F32). Each is read by qmgui's scanner (its metadata, or why it cannot be
 in the build's llama-server on 127.0.0.1 at each setting below (`-lv 4 -fit off --no-warmup`,
 weight repacking left on, as users run it), and its logged buffers compared with
 `qmgui.core.footprint.estimate` as in bench/accuracy.py: model/KV/RS/output to the printed
-0.01 MiB, compute within [measured, measured x 1.05]. Every model and setting gets one row: the
-verdicts, or why there is none (qmgui cannot read it, the build refuses it, no prediction).
+0.01 MiB, compute within [measured, measured x 1.05], or, where the plan charges an upper bound
+(a graph without a layout: core.bounds), at or above the measurement (`bound`). Every model and
+setting gets one row: the verdicts, or why there is none (qmgui cannot read it, the build
+refuses it, no prediction).
 The defaults are b11434 from the engine cache (`scripts/build-llama 11434 --all`).
 """
 
@@ -129,7 +131,8 @@ def render(rows: Sequence[dict[str, Any]], *, binary: str, version: str | None, 
         f"- models: what this build's `test-llama-archs` writes ({len({r['arch'] for r in rows})} "
         f"files, F32, 2-4 layers); {len(rows)} runs in {wall_s:.0f} s",
         "- a run is **ok** when every buffer passes (model/KV/RS/output to 0.01 MiB, compute in "
-        "[measured, measured x 1.05]); **refused**: the build would not load it at that "
+        "[measured, measured x 1.05], or at or above it where the plan charges an upper bound: "
+        "**bound**, a graph without a layout); **refused**: the build would not load it at that "
         "setting; **unread**: qmgui cannot read the file (the reason is given); "
         "**unpredicted**: read and loaded, but no prediction",
         "",
@@ -138,11 +141,11 @@ def render(rows: Sequence[dict[str, Any]], *, binary: str, version: str | None, 
         f"| {len(rows)} | {counts['ok']} | {counts['fail']} | {counts['refused']} | "
         f"{counts['unread']} | {counts['unpredicted']} |",
         "",
-        "| buffer | pass | fail | not compared |",
-        "|---|---|---|---|",
+        "| buffer | pass | upper bound | fail | not compared |",
+        "|---|---|---|---|---|",
     ]
     for b, c in per_buffer.items():
-        lines.append(f"| {b} | {c['pass'] + c['bound']} | {c['fail']} | {c['n/a']} |")
+        lines.append(f"| {b} | {c['pass']} | {c['bound']} | {c['fail']} | {c['n/a']} |")
     lines += ["", "## Every run", "", "| model | setting | status | " + " | ".join(BUFFERS)
               + " | note |", "|---|---|---|" + "---|" * len(BUFFERS) + "---|"]  # fmt: skip
     for r in rows:
