@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGET_MS = 700.0
 BUNDLES = (ROOT / "dist" / "qmgui" / "qmgui", Path("/opt/qmgui/qmgui"))
 SHOWN = re.compile(rb"window shown in (\d+) ms")
+BUILT = re.compile(rb"window built in (\d+) ms")
 
 
 def default_exe() -> list[str]:

@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Qt, QTimer
 from PySide6.QtGui import QColor, QGuiApplication, QPainter, QPalette
@@ -23,11 +24,12 @@ from PySide6.QtWidgets import (
 )
 
 from qmgui import __version__, notify
-from qmgui.settings import load_settings
-from qmgui.ui import hardware
-from qmgui.ui.main_window import MainWindow
-from qmgui.ui.startup_probe import report_when_shown
-from qmgui.ui.tray import app_icon
+from qmgui.ui.first_paint import defer_window_modules, read_first_paint
+from qmgui.ui.icons import app_icon
+from qmgui.ui.startup_probe import report_built, report_when_shown
+
+if TYPE_CHECKING:
+    from qmgui.ui.main_window import MainWindow
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -178,6 +180,8 @@ def run(argv: Sequence[str]) -> int:
         args = parser.parse_args(list(argv))
         size = parse_size(args.size)
         if args.what_if:
+            from qmgui.ui import hardware  # noqa: PLC0415 - only to check the profile here
+
             hardware.resolve(args.what_if)  # a bad profile is a usage error, not a window
     except SystemExit as e:
         return int(e.code or 0)
@@ -194,25 +198,48 @@ def run(argv: Sequence[str]) -> int:
             show=args.show,
         )  # fmt: skip
     app = make_application()
-    loaded = load_settings()
-    apply_theme(app, args.theme or loaded.settings.ui.theme)
-    window = MainWindow(loaded, hardware_choice=args.what_if)
-    if args.models:
-        window.add_roots([args.models])
-    if args.minimized and window.tray is not None and window.tray.install():
-        pass  # only the tray icon (start with Windows / the session); a click shows the window
-    else:
-        if args.minimized:
-            window.showMinimized()
-        else:
-            window.show()
-        if window.tray is not None:
-            window.tray.install()  # nothing where the platform has no tray
-    report_when_shown(window, app)
+    if args.minimized:  # nothing is painted at first: build the whole window now
+        from qmgui.settings import load_settings  # noqa: PLC0415
+        from qmgui.ui.main_window import MainWindow  # noqa: PLC0415
+
+        loaded = load_settings()
+        apply_theme(app, args.theme or loaded.settings.ui.theme)
+        window = MainWindow(loaded, hardware_choice=args.what_if)
+        _when_built(app, window, args.models, theme=None)
+        if window.tray is None or not window.tray.install():
+            window.showMinimized()  # only the tray icon where there is one (start with the session)
+        return app.exec()
+    # the window first, built after its first paint: Qt alone is imported before it shows
+    first = read_first_paint()
+    apply_theme(app, args.theme or first.theme)
+    defer_window_modules()
+    from qmgui.ui.main_window import MainWindow  # noqa: PLC0415
+
+    window = MainWindow(hardware_choice=args.what_if, deferred=first)
+    window.show()
+    report_when_shown(window)
+    guessed = None if args.theme else first.theme  # --theme holds; a guess is checked once loaded
+    window.when_built(lambda: _when_built(app, window, args.models, theme=guessed))
+    return app.exec()
+
+
+def _when_built(
+    app: QApplication, window: MainWindow, models: str | None, *, theme: str | None
+) -> None:
+    """The rest of the start, once the window is whole: the theme the validated settings name
+    (when `theme`, the first paint's guess, differs), the folder given on the command line,
+    the tray, then adopt the engines an earlier qmgui left and scan."""
+    if theme is not None and window.settings.ui.theme != theme:
+        apply_theme(app, window.settings.ui.theme)
+    if models:
+        window.add_roots([models])
+    if window.tray is not None and window.isVisible():
+        window.tray.install()  # nothing where the platform has no tray
+    if report_built(app):
+        return  # QMGUI_REPORT_SHOWN: timed, and quitting
     window.start()
     _stop_on_signals(app, window)
     QTimer.singleShot(0, _collect_again)
-    return app.exec()
 
 
 def _collect_again() -> None:
@@ -362,6 +389,9 @@ def screenshot(
     show: str | None = None,
 ) -> int:
     """Start the window, wait for its scan and plan, save a PNG of it to `path`."""
+    from qmgui.settings import load_settings  # noqa: PLC0415
+    from qmgui.ui.main_window import MainWindow  # noqa: PLC0415
+
     app = make_application()
     apply_theme(app, theme)
     if models is not None:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import gc
+import importlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -45,50 +46,157 @@ from PySide6.QtWidgets import (
 )
 
 from qmgui import notify
-from qmgui.core.backends import resolve_backend
-from qmgui.core.bench import measured_words
-from qmgui.core.build_rules import rules_for
-from qmgui.core.discovery import ModelEntry, ScanResult
-from qmgui.core.fit import FitResult
-from qmgui.core.launch import LaunchSettings
-from qmgui.core.units import MIB, format_bytes
-from qmgui.core.vllm import VllmPlan
-from qmgui.engines.model_ports import choose_port, stored_port, with_port
-from qmgui.roots import plan_add
-from qmgui.service.launch import Resolver, default_executable, kind_for
-from qmgui.settings import (
-    LoadResult,
-    ModelOverride,
-    Settings,
-    load_settings,
-    save_changes,
-    settings_path,
-)
-from qmgui.stores import common_model_folders, default_store_roots
-from qmgui.ui import hardware
-from qmgui.ui.drop import DropFilter
-from qmgui.ui.empty_state import EmptyState
-from qmgui.ui.engine_runner import EngineRunner
-from qmgui.ui.engines_panel import EnginesPanel
-from qmgui.ui.fleet import Fleet
-from qmgui.ui.model_table import ModelTable
-from qmgui.ui.plan_panel import PlanPanel
-from qmgui.ui.planning import (
-    BadgeResult,
-    PlanOutcome,
-    fit_badge,
-    fit_context,
-    for_variant,
-    plan_model,
-)
-from qmgui.ui.preview_pane import PreviewPane
-from qmgui.ui.profile_actions import WINDOW_FIELDS, Profiles, window_settings
-from qmgui.ui.remote_models import RemoteModels, is_remote
-from qmgui.ui.run_sets_menu import ModelActions, RunSetsMenu
-from qmgui.ui.settings_watch import SettingsWatch
-from qmgui.ui.tray import CloseDecision, QuitChoice, RunnerEngines, Tray, app_icon
-from qmgui.ui.vram_bar import MemoryPanel, bars_for
-from qmgui.ui.workers import Breather, LatestWins, ScanRunner
+from qmgui.ui.first_paint import BuildAfterPaint, FirstPaint, window_modules_deferred
+from qmgui.ui.icons import app_icon
+
+if TYPE_CHECKING:  # imported by load_window_modules(): after the first paint, or before
+    # a window is built where nothing is painted first (tests, screenshots, --minimized)
+    from qmgui.core.backends import resolve_backend
+    from qmgui.core.bench import measured_words
+    from qmgui.core.build_rules import rules_for
+    from qmgui.core.discovery import ModelEntry, ScanResult
+    from qmgui.core.fit import FitResult
+    from qmgui.core.launch import LaunchSettings
+    from qmgui.core.units import MIB, format_bytes
+    from qmgui.core.vllm import VllmPlan
+    from qmgui.engines.model_ports import choose_port, stored_port, with_port
+    from qmgui.roots import plan_add
+    from qmgui.service.launch import Resolver, default_executable, kind_for
+    from qmgui.settings import (
+        LoadResult,
+        ModelOverride,
+        Settings,
+        load_settings,
+        save_changes,
+        settings_path,
+    )
+    from qmgui.stores import common_model_folders, default_store_roots
+    from qmgui.ui import hardware
+    from qmgui.ui.drop import DropFilter
+    from qmgui.ui.empty_state import EmptyState
+    from qmgui.ui.engine_runner import EngineRunner
+    from qmgui.ui.engines_panel import EnginesPanel
+    from qmgui.ui.fleet import Fleet
+    from qmgui.ui.model_table import ModelTable
+    from qmgui.ui.plan_panel import PlanPanel
+    from qmgui.ui.planning import (
+        BadgeResult,
+        PlanOutcome,
+        fit_badge,
+        fit_context,
+        for_variant,
+        plan_model,
+    )
+    from qmgui.ui.preview_pane import PreviewPane
+    from qmgui.ui.profile_actions import WINDOW_FIELDS, Profiles, window_settings
+    from qmgui.ui.remote_models import RemoteModels, is_remote
+    from qmgui.ui.run_sets_menu import ModelActions, RunSetsMenu
+    from qmgui.ui.settings_watch import SettingsWatch
+    from qmgui.ui.tray import CloseDecision, QuitChoice, RunnerEngines, Tray
+    from qmgui.ui.vram_bar import MemoryPanel, bars_for
+    from qmgui.ui.workers import Breather, LatestWins, ScanRunner
+
+# the window's modules beyond Qt, by module: the names this module uses from each
+_WINDOW_MODULES: dict[str, tuple[str, ...]] = {
+    "qmgui.core.backends": ("resolve_backend",),
+    "qmgui.core.bench": ("measured_words",),
+    "qmgui.core.build_rules": ("rules_for",),
+    "qmgui.core.discovery": (
+        "ModelEntry",
+        "ScanResult",
+    ),
+    "qmgui.core.fit": ("FitResult",),
+    "qmgui.core.launch": ("LaunchSettings",),
+    "qmgui.core.units": (
+        "MIB",
+        "format_bytes",
+    ),
+    "qmgui.core.vllm": ("VllmPlan",),
+    "qmgui.engines.model_ports": (
+        "choose_port",
+        "stored_port",
+        "with_port",
+    ),
+    "qmgui.roots": ("plan_add",),
+    "qmgui.service.launch": (
+        "Resolver",
+        "default_executable",
+        "kind_for",
+    ),
+    "qmgui.settings": (
+        "LoadResult",
+        "ModelOverride",
+        "Settings",
+        "load_settings",
+        "save_changes",
+        "settings_path",
+    ),
+    "qmgui.stores": (
+        "common_model_folders",
+        "default_store_roots",
+    ),
+    "qmgui.ui.hardware": (),  # the module itself
+    "qmgui.ui.drop": ("DropFilter",),
+    "qmgui.ui.empty_state": ("EmptyState",),
+    "qmgui.ui.engine_runner": ("EngineRunner",),
+    "qmgui.ui.engines_panel": ("EnginesPanel",),
+    "qmgui.ui.fleet": ("Fleet",),
+    "qmgui.ui.model_table": ("ModelTable",),
+    "qmgui.ui.plan_panel": ("PlanPanel",),
+    "qmgui.ui.planning": (
+        "BadgeResult",
+        "PlanOutcome",
+        "fit_badge",
+        "fit_context",
+        "for_variant",
+        "plan_model",
+    ),
+    "qmgui.ui.preview_pane": ("PreviewPane",),
+    "qmgui.ui.profile_actions": (
+        "WINDOW_FIELDS",
+        "Profiles",
+        "window_settings",
+    ),
+    "qmgui.ui.remote_models": (
+        "RemoteModels",
+        "is_remote",
+    ),
+    "qmgui.ui.run_sets_menu": (
+        "ModelActions",
+        "RunSetsMenu",
+    ),
+    "qmgui.ui.settings_watch": ("SettingsWatch",),
+    "qmgui.ui.tray": (
+        "CloseDecision",
+        "QuitChoice",
+        "RunnerEngines",
+        "Tray",
+    ),
+    "qmgui.ui.vram_bar": (
+        "MemoryPanel",
+        "bars_for",
+    ),
+    "qmgui.ui.workers": (
+        "Breather",
+        "LatestWins",
+        "ScanRunner",
+    ),
+}
+
+
+def load_window_modules() -> None:
+    """Import what the window needs beyond Qt and make it this module's globals, as if imported
+    at the top. Done when this module is imported, unless the window is to be painted first
+    (`qmgui.ui.first_paint.defer_window_modules`): then by the window, right after its first
+    paint. A name already set is kept (a test's monkeypatch)."""
+    names = globals()
+    for module_name, wanted in _WINDOW_MODULES.items():
+        module = importlib.import_module(module_name)
+        if not wanted:
+            names.setdefault(module_name.rsplit(".", 1)[1], module)
+        for name in wanted:
+            names.setdefault(name, getattr(module, name))
+
 
 if TYPE_CHECKING:  # dialogs are imported when opened (not on the start path)
     from qmgui.ui.get_models import GetModelsDialog
@@ -132,6 +240,7 @@ class MainWindow(QMainWindow):
 
     _message = Signal(object)  # a notify.Message, posted from any thread
     settled = Signal()  # scan, badges and plan all done
+    tray: Tray | None
 
     def __init__(
         self,
@@ -143,10 +252,71 @@ class MainWindow(QMainWindow):
         hardware_choice: str | None = None,
         tray: bool = True,
         live: bool = True,
+        deferred: FirstPaint | None = None,
     ) -> None:
+        """`deferred`: show first, build after. The window gets its title, icon, theme and saved
+        geometry and a "Starting…" page now, from what `first_paint.read_first_paint` read;
+        the settings are loaded and everything else is built right after its first paint
+        (`when_built` runs what waits for that). Without it, the window is whole on return."""
         super().__init__()
-        self._live_readings = live  # NVML and RAM readings every few seconds for the bars
         self.setWindowTitle("qmgui")
+        self.setWindowIcon(app_icon())
+        self._built = False
+        self._when_built: list[Callable[[], None]] = []
+        build = partial(
+            self._build, loaded, roots=roots, persist=persist, probe=probe,
+            hardware_choice=hardware_choice, tray=tray, live=live,
+        )  # fmt: skip
+        if deferred is None:
+            load_window_modules()  # a no-op unless the import deferred them
+            build()
+            return
+        self._starting_page(deferred)
+
+        def build_now() -> None:
+            load_window_modules()
+            build()
+
+        self._build_later = BuildAfterPaint(self, build_now)
+
+    def _starting_page(self, first: FirstPaint) -> None:
+        """What shows for the moment the window is being built: the saved size and place, and
+        a line that says what is happening."""
+        self.tray = None
+        restored = False
+        if first.geometry:
+            with contextlib.suppress(ValueError):
+                restored = self.restoreGeometry(QByteArray(base64.b64decode(first.geometry)))
+        if not restored:
+            self.resize(1280, 800)
+        page = QLabel("Starting qmgui…", self)
+        page.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        page.setEnabled(False)  # the palette's placeholder colour: a state, not content
+        self.setCentralWidget(page)
+
+    def when_built(self, then: Callable[[], None]) -> None:
+        """Run `then` once the window is whole: now if it is, else right after it is built."""
+        if self._built:
+            then()
+        else:
+            self._when_built.append(then)
+
+    @property
+    def built(self) -> bool:
+        return self._built
+
+    def _build(
+        self,
+        loaded: LoadResult | None,
+        *,
+        roots: Sequence[str] | None,
+        persist: bool,
+        probe: bool,
+        hardware_choice: str | None,
+        tray: bool,
+        live: bool,
+    ) -> None:
+        self._live_readings = live  # NVML and RAM readings every few seconds for the bars
         self._loaded = loaded or load_settings()
         self._roots_override = list(roots) if roots is not None else None
         self._persist = persist
@@ -165,9 +335,8 @@ class MainWindow(QMainWindow):
         self.what_if_box: QMessageBox | None = None  # "Start under a what-if profile?" while open
 
         self._build_widgets()
-        self.setWindowIcon(app_icon())
         # the tray keeps engines running when the window closes (None: the window is the app)
-        self.tray: Tray | None = (
+        self.tray = (
             Tray(
                 self,
                 RunnerEngines(self.engine_runner, self),
@@ -186,6 +355,10 @@ class MainWindow(QMainWindow):
         if persist:
             self.settings_watch = SettingsWatch(self._settings_path, self)
             self.settings_watch.changed.connect(self._on_settings_file_changed)
+        self._built = True
+        waiting, self._when_built = self._when_built, []
+        for then in waiting:
+            then()
 
     # --- building ---------------------------------------------------------------------------
     def _build_widgets(self) -> None:
@@ -578,6 +751,8 @@ class MainWindow(QMainWindow):
 
     def save_state(self) -> None:
         """Window geometry, splitters, columns, sort and the selection into settings.json."""
+        if not self._built:
+            return
         key, order = self.table.sort_state()
         current = self.table.current_entry()
         ui = self.settings.ui.model_copy(
@@ -1405,6 +1580,9 @@ class MainWindow(QMainWindow):
 
     def shutdown(self) -> None:
         """Stop and join every worker; forget the notifier (safe to call twice)."""
+        if not self._built:  # still "Starting…": no worker yet, and none will start
+            self._build_later.cancel()
+            return
         self.profiles.flush()  # the last edits reach the file
         self.replan_timer.stop()
         self._unsubscribe()
@@ -1425,9 +1603,17 @@ class MainWindow(QMainWindow):
             self.engine_runner.stop_all()  # the quit path: all but those kept running
 
     def closeEvent(self, event: QCloseEvent) -> None:
+        if not self._built:  # closed while "Starting…": nothing to save or stop yet
+            self._build_later.cancel()
+            super().closeEvent(event)
+            return
         if self.tray is not None and self.tray.close_policy(event) is not CloseDecision.QUIT:
             self.save_state()  # hidden to the tray with engines running, or cancelled
             return
         self.save_state()
         self.shutdown()
         super().closeEvent(event)
+
+
+if not window_modules_deferred():
+    load_window_modules()

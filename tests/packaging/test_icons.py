@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from qmgui.ui import tray
+from qmgui.ui import icons
 
 ROOT = Path(__file__).resolve().parents[2]
 ICO = ROOT / "resources" / "windows" / "qmgui.ico"
@@ -15,9 +15,9 @@ ICO = ROOT / "resources" / "windows" / "qmgui.ico"
 
 def test_the_icon_folder_is_package_data() -> None:
     # importlib.resources finds it in a checkout, a wheel and the PyInstaller bundle alike
-    assert tray.ICON_DIR == ROOT / "qmgui" / "resources" / "icons"
+    assert icons.ICON_DIR == ROOT / "qmgui" / "resources" / "icons"
     for name in ("qmgui.svg", "qmgui-running.svg", "qmgui-small.svg", "qmgui-running-small.svg"):
-        assert (tray.ICON_DIR / name).is_file()
+        assert (icons.ICON_DIR / name).is_file()
 
 
 @pytest.mark.parametrize("stem", ["qmgui", "qmgui-running"])
@@ -25,7 +25,7 @@ def test_the_icon_folder_is_package_data() -> None:
 def test_pngs_have_their_size_and_show_something(stem: str, size: int, qapp) -> None:  # type: ignore[no-untyped-def]
     from PySide6.QtGui import QImage
 
-    img = QImage(str(tray.ICON_DIR / f"{stem}-{size}.png"))
+    img = QImage(str(icons.ICON_DIR / f"{stem}-{size}.png"))
     assert (img.width(), img.height()) == (size, size)
     opaque = sum(img.pixelColor(x, y).alpha() > 200 for x in range(size) for y in range(size))
     assert opaque > size * size // 2  # a filled tile, not a faint outline
@@ -33,8 +33,8 @@ def test_pngs_have_their_size_and_show_something(stem: str, size: int, qapp) -> 
 
 @pytest.mark.parametrize("size", [16, 24])
 def test_tray_icons_read_at_small_sizes_and_differ_when_engines_run(size: int, qapp) -> None:  # type: ignore[no-untyped-def]
-    idle = tray.app_icon(False).pixmap(size, size).toImage()
-    busy = tray.app_icon(True).pixmap(size, size).toImage()
+    idle = icons.app_icon(False).pixmap(size, size).toImage()
+    busy = icons.app_icon(True).pixmap(size, size).toImage()
     assert idle.width() == size and busy.width() == size
 
     def greens(img) -> int:  # type: ignore[no-untyped-def]
@@ -48,7 +48,7 @@ def test_tray_icons_read_at_small_sizes_and_differ_when_engines_run(size: int, q
 
 
 def test_app_icon_offers_every_packaged_size(qapp) -> None:  # type: ignore[no-untyped-def]
-    sizes = {s.width() for s in tray.app_icon(False).availableSizes()}
+    sizes = {s.width() for s in icons.app_icon(False).availableSizes()}
     assert {16, 22, 24, 32, 48, 64, 128, 256, 512} <= sizes
 
 

@@ -22,7 +22,7 @@ from PySide6.QtWidgets import QApplication, QWidget
 from qmgui import autostart
 from qmgui.engines.supervisor import State
 from qmgui.settings import Settings
-from qmgui.ui import tray as tray_mod
+from qmgui.ui import icons as icons_mod
 from qmgui.ui.tray import (
     EXPLAINED_KEY,
     CloseDecision,
@@ -270,8 +270,8 @@ def test_icon_switches_while_any_engine_runs(make, qtbot) -> None:  # type: igno
 
 @pytest.mark.parametrize("running", [False, True])
 def test_icons_load_from_resources_and_render_small(running: bool, qapp) -> None:  # type: ignore[no-untyped-def]
-    assert (tray_mod.ICON_DIR / tray_mod.APP_ICON).is_file()
-    assert (tray_mod.ICON_DIR / tray_mod.RUNNING_ICON).is_file()
+    assert (icons_mod.ICON_DIR / icons_mod.APP_ICON).is_file()
+    assert (icons_mod.ICON_DIR / icons_mod.RUNNING_ICON).is_file()
     for size in (16, 22, 24):
         img = app_icon(running).pixmap(size, size).toImage()
         assert not img.isNull() and img.width() == size
@@ -284,7 +284,7 @@ def test_icons_differ_and_fallback_draws(monkeypatch, qapp, tmp_path: Path) -> N
         return c.red(), c.green(), c.blue()
 
     assert corner(True) != corner(False)  # the green dot
-    monkeypatch.setattr(tray_mod, "ICON_DIR", tmp_path)  # no resources: drawn in code
+    monkeypatch.setattr(icons_mod, "ICON_DIR", tmp_path)  # no resources: drawn in code
     assert corner(True)[1] > corner(True)[0]  # green
     assert corner(True) != corner(False)
 
