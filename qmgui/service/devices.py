@@ -19,14 +19,16 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from qmgui.core import backends as registry
 from qmgui.core.devices import HostGpu, Machine, merge, unseen_warning
 from qmgui.core.probe import ARG_LIST_DEVICES, EngineDevice, parse_devices
-from qmgui.engines.probe import Runner, probe
 from qmgui.hw.gpus import host_gpus
 from qmgui.hw.nvml import NvmlReading
+
+if TYPE_CHECKING:
+    from qmgui.core import backends as registry
+    from qmgui.engines.probe import Runner
 
 __all__ = [
     "RETRIES",
@@ -76,6 +78,7 @@ def device_engine(
 ) -> DeviceEngine | None:
     """The llama-server build whose `--list-devices` says which devices exist: `backend_arg`
     (an id or a path), else the ★ llama-server for chat models, else the first one."""
+    from qmgui.core import backends as registry  # noqa: PLC0415 - plans with --gpu need none
     if backend_arg:
         named = registry.find_backend(backends, backend_arg)
         if named is None:
@@ -93,6 +96,8 @@ def device_engine(
 def _ask(
     executable: str, runner: Runner | None, timeout_s: float
 ) -> tuple[tuple[EngineDevice, ...] | None, str | None]:
+    from qmgui.engines.probe import probe  # noqa: PLC0415 - only when a build is registered
+
     result = probe(
         executable, kind="llama", commands=[(ARG_LIST_DEVICES,)], timeout_s=timeout_s,
         runner=runner,
