@@ -279,6 +279,9 @@ class MainWindow(QMainWindow):
 
         self._build_later = BuildAfterPaint(self, build_now)
 
+    def _first_dock_height(self) -> None:
+        self.resizeDocks([self.engines_dock], [ENGINES_DOCK_HEIGHT], Qt.Orientation.Vertical)
+
     def _starting_page(self, first: FirstPaint) -> None:
         """What shows for the moment the window is being built: the saved size and place, and
         a line that says what is happening."""
@@ -355,6 +358,9 @@ class MainWindow(QMainWindow):
         if persist:
             self.settings_watch = SettingsWatch(self._settings_path, self)
             self.settings_watch.changed.connect(self._on_settings_file_changed)
+        if self.isVisible():  # built into a shown window: the dock's first height again once
+            # the new layout is active (a dock added to a visible window takes what is left)
+            QTimer.singleShot(0, self, self._first_dock_height)
         self._built = True
         waiting, self._when_built = self._when_built, []
         for then in waiting:
