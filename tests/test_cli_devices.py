@@ -119,6 +119,22 @@ def test_every_gpu_refused_runs_on_the_cpu_with_device_none(
     assert [d["name"] for d in json.loads(out)["devices"]] == ["CPU"]
 
 
+def test_a_role_set_with_every_gpu_refused_gets_device_none(
+    models: Path, stand_in: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The role-set path (`service.role_sets`) pins as the plain one: every GPU refused, each
+    instance in host memory runs with `--device none`, in --json argv and the exports."""
+    machine_of(monkeypatch, "vulkan-llvmpipe.txt", "no-driver.json")
+    role = f"chat={models / 'llama.gguf'}:ctx=2048"
+    code, out, err = run("place", "--role", role, "--json")
+    assert code == 0, err
+    (row,) = json.loads(out)["models"]
+    assert row["devices"] == [] and row["argv"][row["argv"].index("--device") + 1] == "none"
+    code, out, err = run("place", "--role", role, "--script", "-")
+    assert code == 0, err
+    assert "--device none" in out
+
+
 def test_plan_warns_when_the_engine_lists_no_gpu_nvml_sees(
     models: Path, stand_in: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

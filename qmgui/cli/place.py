@@ -29,35 +29,23 @@ from qmgui.core.errors import SizingError
 from qmgui.core.export import PORT_MARK, ExportError, unique_name
 from qmgui.core.export.llama_swap import placement_comment, render_run_set
 from qmgui.core.export.run_set_script import render_run_set_script
-from qmgui.core.footprint import Footprint, Gpu, estimate
+from qmgui.core.footprint import Gpu, estimate
 from qmgui.core.launch import CACHE_TYPES, LaunchSettings
-from qmgui.core.meta import ModelMeta
 from qmgui.core.placement import (
     AutoContext,
-    Estimator,
     Placed,
     Placement,
     Request,
     Unplaced,
     place,
-    place_stages,
 )
 from qmgui.core.profile import apply_profile
-from qmgui.core.roles import (
-    Role,
-    RoleError,
-    RoleLaunch,
-    RoleSpec,
-    parse_role,
-    role_instances,
-    role_launch,
-    role_stages,
-    shortfalls,
-)
+from qmgui.core.roles import RoleError
 from qmgui.core.units import format_bytes, parse_size
 from qmgui.hw.host import read_ram
 from qmgui.service.launch import Resolver, Target, UsageError, backend_build, load_quietly
 from qmgui.service.profile import profile_of
+from qmgui.service.role_sets import RoleSet, RoleSetOptions
 
 EXIT_OK = 0
 EXIT_UNPLACED = 1  # the placement was made, but some model does not fit
@@ -563,202 +551,48 @@ def cmd_place(args: argparse.Namespace, out: TextIO) -> int:
 # --- role sets -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _RoleModel:
-    """A role's model as read from disk, with its launch (or why it takes no part)."""
-
-    spec: RoleSpec
-    entry: ModelEntry
-    launch: RoleLaunch | None
-    refused: str | None = None  # not placed: the reason
-    skipped: str | None = None  # left out with a warning (vision without a projector)
-
-
-def _role_model(
-    spec: RoleSpec, gpus: tuple[Gpu, ...], base: LaunchSettings, fa: str | None
-) -> _RoleModel:
-    entry = entry_for_path(spec.model)
-    meta = entry.meta
-    if meta is None or entry.error:
-        return _RoleModel(spec, entry, None, refused=entry.error or "not a model")
-    if entry.format != "gguf":
-        why = "roles place llama-server launches of GGUF files"
-        return _RoleModel(spec, entry, None, refused=why)
-    if spec.role is Role.VISION and not entry.mmproj:
-        why = f"{entry.name} has no projector (mmproj*.gguf beside it): vision skipped"
-        return _RoleModel(spec, entry, None, skipped=why)
-    if spec.role is not Role.VISION:
-        entry = replace(entry, mmproj=None)  # chat of a multimodal model: text only
-    if fa is not None and spec.fa is None:
-        spec = replace(spec, fa=fa)
-    try:
-        launch = role_launch(spec, meta, backends=[g.backend for g in gpus], base=base)
-    except RoleError as e:
-        return _RoleModel(spec, entry, None, refused=str(e))
-    return _RoleModel(spec, entry, launch)
+def _role_options(
+    args: argparse.Namespace, gpus: tuple[Gpu, ...], budget: tuple[int, int | None],
+    base: LaunchSettings,
+) -> RoleSetOptions:  # fmt: skip
+    """The command line as the service's options; `--device none` where every GPU this
+    machine's engine offered was refused (as `_cpu_pin` for the plain placement)."""
+    reserve, host = budget
+    device_none = not args.gpu and local_machine(args).refused_all
+    return RoleSetOptions(
+        gpus=gpus, reserve=reserve, host_bytes=host, base=base, fa=args.fa,
+        backend=args.backend, probe=not args.no_probe, device_none=device_none, source=SOURCE,
+    )  # fmt: skip
 
 
-def _with_projectors(sizing: Estimator, projectors: dict[int, ModelMeta]) -> Estimator:
-    """`sizing` charging a vision model's projector (by the identity of its metadata)."""
-
-    def sized(meta: ModelMeta, s: LaunchSettings, gpus: Sequence[Gpu]) -> Footprint:
-        mmproj = projectors.get(id(meta))
-        if mmproj is None:
-            return sizing(meta, s, gpus)
-        return sizing(meta, s, gpus, mmproj=mmproj)  # type: ignore[call-arg]
-
-    return sized
-
-
-class _RoleSet:
-    """One `qmgui place --role ...`: the role models, their instances and the placement."""
-
-    def __init__(self, args: argparse.Namespace, gpus: tuple[Gpu, ...], base: LaunchSettings):
-        self.args = args
-        self.gpus = gpus
-        try:
-            specs = [parse_role(text) for text in args.role]
-        except RoleError as e:
-            raise ValueError(str(e)) from None
-        self.models = [_role_model(spec, gpus, base, args.fa) for spec in specs]
-        self.skipped = [m for m in self.models if m.skipped]
-        taken: set[str] = set()
-        self.refused: list[Unplaced] = []
-        self.refused_specs: dict[str, RoleSpec] = {}
-        for m in self.models:
-            if m.refused:
-                name = unique_name(m.spec.name or m.spec.role.value, taken)
-                self.refused.append(Unplaced(name, m.refused))
-                self.refused_specs[name] = m.spec
-        ready = [m for m in self.models if m.launch is not None]
-        launches = [(m.spec, m.launch) for m in ready if m.launch is not None]
-        self.instances = role_instances(launches, len(gpus), taken)
-        self.by_name = {i.name: i for i in self.instances}
-        by_spec = {id(m.spec): m for m in ready}
-        self.entries = {i.name: by_spec[id(i.spec)].entry for i in self.instances}
-        self.projectors: dict[int, ModelMeta] = {}
-        for m in ready:
-            if m.spec.role is Role.VISION and m.entry.mmproj and m.launch is not None:
-                proj = entry_for_path(m.entry.mmproj).meta
-                if proj is not None:
-                    self.projectors[id(m.launch.meta)] = proj
-
-    def place(self, reserve: int, host: int | None) -> tuple[Placement, list[str]]:
-        """The placement (search roles first, chat last, idle cards widening) and the
-        warnings: chat below what was asked, auto replicas without a card, role notes."""
-        rules, rules_note = rules_for(_backend_build(self.args, self.entries))
-        if rules_note:
-            notify.info(rules_note, source=SOURCE)
-        sizing = _with_projectors(partial(estimate, rules=rules), self.projectors)
-        stages = role_stages(self.instances)
-        p = place_stages(stages, self.gpus, reserve=reserve, host_bytes=host,
-                         estimate=sizing, widen_idle=True)  # fmt: skip
-        p, warnings = self._auto_replicas_left(p)
-        p = replace(p, unplaced=(*p.unplaced, *self.refused))
-        for x in p.placed:
-            warnings.extend(shortfalls(self.by_name[x.name], x))
-        warnings += [
-            f"{i.name}: {n}" for i in self.instances if i.replica == 0 for n in i.launch.notes
-        ]
-        return p, warnings
-
-    def _auto_replicas_left(self, p: Placement) -> tuple[Placement, list[str]]:
-        """Auto replicas that found no card are dropped with a note (auto is one per card
-        that holds it), as long as their role has one placed."""
-        placed = {x.name for x in p.placed}
-        notes: list[str] = []
-        kept: list[Unplaced] = []
-        for u in p.unplaced:
-            inst = self.by_name.get(u.name)
-            auto = inst is not None and inst.spec.replicas is None
-            if (
-                auto
-                and inst is not None
-                and any(i.spec is inst.spec and i.name in placed for i in self.instances)
-            ):
-                notes.append(f"{u.name}: no card left for another {inst.spec.role.value} replica")
-                continue
-            kept.append(u)
-        return replace(p, unplaced=tuple(kept)), notes
-
-    def commands(self, p: Placement, port: Callable[[int], int | str]) -> dict[str, Command]:
-        """Each placed instance's command: its role's model, settings, cards and arguments."""
-        args = self.args
-        resolver = Resolver(
-            load_quietly(), backend_arg=args.backend, engine="llama", probe=not args.no_probe
-        )
-        commands: dict[str, Command] = {}
-        for i, x in enumerate(p.placed):
-            inst, entry = self.by_name[x.name], self.entries[x.name]
-            target = resolver.target(entry)
-            if isinstance(target, str):
-                commands[x.name] = skipped(target)
-                continue
-            commands[x.name] = emit_llama(
-                replace(entry, meta=inst.launch.meta),
-                x.settings,
-                executable=target.executable,
-                port=port(i),
-                supported_flags=target.supported,
-                valueless_flags=target.valueless,
-                devices=DevicePin.for_devices(x.devices, self.gpus, target.variant),
-                extra_args=inst.launch.args,
-            )
-        return commands
-
-    def json(self, p: Placement, commands: dict[str, Command], warnings: list[str]) -> Any:
-        doc = placement_json(p, self.gpus)
-        ports = {x.name: self.args.port + i for i, x in enumerate(p.placed)}
-        for row in doc["models"]:
-            inst = self.by_name.get(row["name"])
-            if inst is None:
-                spec = self.refused_specs.get(row["name"])
-                if spec is not None:
-                    row.update(role=spec.role.value, replica=0, replicas=0, model=spec.model)
-                continue
-            row.update(
-                role=inst.spec.role.value,
-                replica=inst.replica,
-                replicas=inst.replicas,
-                model=inst.spec.model,
-                rerank_mode=inst.launch.mode.value if inst.launch.mode else None,
-                context_asked=inst.launch.ctx_asked,
-                slots_asked=inst.launch.slots_asked,
-            )
-            if row["placed"]:
-                cmd = commands[row["name"]]
-                row.update(port=ports[row["name"]], argv=list(cmd.argv), env=dict(cmd.env),
-                           command_warnings=list(cmd.warnings))  # fmt: skip
-        doc["skipped"] = [
-            {"role": m.spec.role.value, "model": m.spec.model, "reason": m.skipped}
-            for m in self.skipped
-        ]
-        doc["warnings"] = warnings
-        return doc
-
-    def print(self, p: Placement, commands: dict[str, Command], out: TextIO) -> None:
-        print_placement(p, out)
-        print(file=out)
-        for i, x in enumerate(p.placed):
-            inst = self.by_name[x.name]
-            argv = shlex.join(commands[x.name].argv) or "(no command)"
-            where = f"port {self.args.port + i}"
-            print(f"{x.name} ({inst.spec.role.value}, replica {inst.replica}) on {where}: "
-                  f"{argv}", file=out)  # fmt: skip
+def _print_roles(
+    roles: RoleSet, p: Placement, commands: dict[str, Command], port: int, out: TextIO
+) -> None:
+    print_placement(p, out)
+    print(file=out)
+    for i, x in enumerate(p.placed):
+        inst = roles.by_name[x.name]
+        argv = shlex.join(commands[x.name].argv) or "(no command)"
+        print(f"{x.name} ({inst.spec.role.value}, replica {inst.replica}) on port {port + i}: "
+              f"{argv}", file=out)  # fmt: skip
 
 
 def _roles(
     args: argparse.Namespace, out: TextIO, gpus: tuple[Gpu, ...], budget: tuple[int, int | None],
     base: LaunchSettings,
 ) -> int:  # fmt: skip
-    """`qmgui place --role ...`: the role set on the GPUs (`budget`: the reserve, host RAM)."""
+    """`qmgui place --role ...`: the role set on the GPUs (`budget`: the reserve, host RAM),
+    planned by `service.role_sets` (the window's role sets run the same code)."""
     if args.models:
         raise ValueError("--role plans a role set: give the models as ROLE=MODEL, not beside it")
-    roles = _RoleSet(args, gpus, base)
+    try:
+        roles = RoleSet(args.role, _role_options(args, gpus, budget, base))
+    except RoleError as e:
+        raise ValueError(str(e)) from None
     for m in roles.skipped:
         notify.warning(m.skipped or "", source=SOURCE)
     try:
-        p, warnings = roles.place(*budget)
+        p, warnings = roles.place()
     except (SizingError, ValueError) as e:
         notify.error(str(e), source=SOURCE)
         return EXIT_USAGE
@@ -774,9 +608,11 @@ def _roles(
         notify.error(str(e), source=SOURCE)
         return EXIT_USAGE
     if args.json:
-        doc = roles.json(p, commands, [*(m.skipped or "" for m in roles.skipped), *warnings])
+        doc = placement_json(p, gpus)
+        roles.annotate(doc, commands, {x.name: args.port + i for i, x in enumerate(p.placed)})
+        doc["warnings"] = [*(m.skipped or "" for m in roles.skipped), *warnings]
         json.dump(doc, out, indent=2)
         out.write("\n")
     else:
-        roles.print(p, commands, out)
+        _print_roles(roles, p, commands, args.port, out)
     return EXIT_OK if p.fits else EXIT_UNPLACED
