@@ -40,9 +40,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 if TYPE_CHECKING:
     from filelock import FileLock
@@ -54,7 +62,7 @@ from qmgui.config_paths import (
     config_dir,
     settings_path,
 )
-from qmgui.core.backends import Backend, sort_classes
+from qmgui.core.backends import Backend, canonical_kind, sort_classes
 from qmgui.core.errors import SettingsError
 from qmgui.keep_aside import aside_path, move_aside
 
@@ -94,12 +102,16 @@ _MAX_DEPTH = 64  # nesting deeper than this is not a settings file (and would re
 LOCK_TIMEOUT_S = 10.0
 """How long a read-modify-write waits for another process's lock before it gives up."""
 
-ModelClass = Literal["llm", "embedding", "rerank", "image", "tts", "asr"]
+ModelClass = Literal[
+    "llm", "embedding", "rerank", "image", "tts", "asr", "segment", "upscale", "3d"
+]
 """The classes a backend can serve (a vision projector is served with its llm)."""
 
-BackendKind = Literal[
-    "llama", "vllm", "sd", "whisper", "parakeet", "tts", "kokoro", "audiocpp", "custom"
-]
+BackendKind = Annotated[  # another spelling of a kind ("llama.cpp", "TTS.cpp") reads as the kind
+    Literal["llama", "vllm", "sd", "whisper", "parakeet", "tts", "kokoro", "audiocpp", "sam",
+            "realesrgan", "trellis", "custom"],
+    BeforeValidator(lambda v: canonical_kind(v) if isinstance(v, str) else v),
+]  # fmt: skip
 FlashAttn = Literal["on", "off", "auto"]
 Theme = Literal["system", "light", "dark"]
 SortOrder = Literal["ascending", "descending"]

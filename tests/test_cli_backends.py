@@ -127,6 +127,43 @@ def test_round_trip(exe: Path) -> None:
     assert lines[3] == "no backend serves: image, asr"
 
 
+def test_other_spellings_of_a_kind_are_added_as_the_kind(exe: Path) -> None:
+    for backend_id, spelling in (
+        ("a", "Llama.CPP"), ("b", "tts server"), ("c", "audio.cpp"), ("d", "SAM3"),
+        ("e", "esrgan"), ("f", "trellis2"),
+    ):  # fmt: skip
+        code, out, err = run("add", backend_id, "--kind", spelling, "--exe", str(exe))
+        assert (code, err) == (0, ""), spelling
+    assert [(r["id"], r["kind"]) for r in stored()] == [
+        ("a", "llama"), ("b", "tts"), ("c", "audiocpp"), ("d", "sam"), ("e", "realesrgan"),
+        ("f", "trellis"),
+    ]  # fmt: skip
+    assert [r["serves"] for r in listed()][3:] == [["segment"], ["upscale"], ["3d"]]
+    code, out, _ = run("default", "e", "upscale")
+    assert code == 0 and "★ e is now the default for upscale" in out
+    code, out, _ = run("list")
+    # the registry-only classes are no gap: they serve no model file
+    assert out.splitlines()[-1] == "no backend serves: image"
+
+
+def test_a_settings_file_with_another_spelling_of_a_kind_loads(tmp_path: Path) -> None:
+    entries = [
+        {"id": "a", "kind": " LLAMA.cpp ", "executable": "/opt/a"},
+        {"id": "b", "kind": "TTS.cpp", "executable": "/opt/b", "default_for": ["tts"]},
+        {"id": "c", "kind": "ollama", "executable": "/opt/c"},  # not a kind
+    ]
+    path = settings_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"schema_version": 1, "backends": entries[:2]}), encoding="utf-8")
+    loaded = load_settings()
+    assert loaded.messages == ()
+    assert [(e.id, e.kind) for e in loaded.settings.backends] == [("a", "llama"), ("b", "tts")]
+    assert BackendEntry.model_validate({**entries[2], "kind": "Real-ESRGAN"}).kind == "realesrgan"
+    assert loaded.settings.backends[1].to_core().serves("tts")
+    with pytest.raises(ValueError, match="kind"):
+        BackendEntry.model_validate(entries[2])
+
+
 def test_the_saved_registry_loads_as_settings(exe: Path) -> None:
     run("add", "a", "--kind", "audiocpp", "--exe", str(exe), "--default", "tts", "asr")
     loaded = load_settings()
@@ -195,7 +232,7 @@ def test_unknown_keys_of_an_entry_survive_a_change(exe: Path) -> None:
         (
             ["add", "x", "--kind", "ollama", "--exe", "y"],
             "unknown kind 'ollama'; one of llama, vllm, sd, whisper, parakeet, tts, kokoro,"
-            " audiocpp, custom",
+            " audiocpp, sam, realesrgan, trellis, custom",
         ),
         (["add", " ", "--kind", "llama", "--exe", "y"], "a backend id must not be blank"),
         (["add", "x", "--kind", "llama", "--exe", ""], "the executable must not be blank"),
@@ -351,7 +388,8 @@ def test_list_reports_registry_problems(exe: Path) -> None:
 
 
 def test_the_schema_and_the_core_name_the_same_kinds_and_classes() -> None:
-    assert get_args(BackendKind) == KINDS
+    literal, *_validators = get_args(BackendKind)  # Annotated: other spellings are read too
+    assert get_args(literal) == KINDS
     assert get_args(ModelClass) == CLASSES
 
 

@@ -24,7 +24,9 @@ from qmgui import notify
 from qmgui.core.backends import (
     CLASSES,
     KINDS,
+    REGISTRY_ONLY_CLASSES,
     Backend,
+    canonical_kind,
     classes_served,
     default_for_class,
     default_problem,
@@ -72,7 +74,12 @@ def register(sub: Any) -> None:
         "understands and its devices (--no-probe skips that).",
     )
     add.add_argument("id", metavar="ID", help="a name for this entry, unique in the registry")
-    add.add_argument("--kind", required=True, help=f"one of {', '.join(KINDS)}")
+    add.add_argument(
+        "--kind",
+        required=True,
+        help=f"one of {', '.join(KINDS)} (other spellings such as llama.cpp or tts.cpp, in any "
+        "case, are read as the kind they name)",
+    )
     add.add_argument("--exe", required=True, metavar="PATH", help="the engine's executable")
     add.add_argument(
         "--default",
@@ -205,7 +212,9 @@ def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
         print("No backends registered; add one with `qmgui backends add`.", file=out)
         return EXIT_OK
     _print_table(backends, out)
-    missing = [c for c in CLASSES if c not in classes_served(backends)]
+    # the registry-only classes (segment, upscale, 3d) serve no model file: not a gap
+    served = classes_served(backends)
+    missing = [c for c in CLASSES if c not in served and c not in REGISTRY_ONLY_CLASSES]
     if missing:
         print(f"no backend serves: {', '.join(missing)}", file=out)
     return EXIT_OK
@@ -239,10 +248,11 @@ def cmd_add(args: argparse.Namespace, out: TextIO) -> int:
     if loaded is None:
         return EXIT_FAILED
     registry = _registry(loaded)
+    kind = canonical_kind(args.kind)  # "llama.cpp", "TTS.cpp"… are stored as the kind
     problem = new_backend_problem(
         registry,
         backend_id=args.id,
-        kind=args.kind,
+        kind=kind,
         exe=args.exe,
         classes=args.classes,
         default_for=args.default_for,
@@ -252,7 +262,7 @@ def cmd_add(args: argparse.Namespace, out: TextIO) -> int:
         return EXIT_USAGE
     new = Backend(
         id=args.id,
-        kind=args.kind,
+        kind=kind,
         executable=stored_executable(args.exe),
         variant=args.variant or None,
         classes=frozenset(args.classes),

@@ -14,7 +14,9 @@ one label.
    for the class, else the first vLLM entry, else the model is skipped and the reason says so;
 3. a family hint, where the class's engines read different weights (TTS, ASR, image): an entry
    of that family (its `family` lists the hint, or its kind is the hint), ★ first, beats a ★
-   default of another family; an unmatched hint is named in the reason;
+   default of another family; an unmatched hint is named in the reason. The hint is the
+   model's architecture unless the caller gives one (`model_family`), so an audio.cpp ★ for
+   ASR does not take a Parakeet or whisper model from an installed entry of its own engine;
 4. the ★ default of the class;
 5. the first entry that serves the class;
 6. nothing, and the reason says what to add.
@@ -26,13 +28,14 @@ probing that fills `version` and `capabilities` lives outside the core.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from qmgui.core.errors import SettingsError
-from qmgui.core.meta import ModelClass
+from qmgui.core.meta import ModelClass, ModelMeta
 from qmgui.core.vllm import vllm_preferred
 
 if TYPE_CHECKING:
@@ -44,9 +47,12 @@ __all__ = [
     "CUSTOM",
     "FAMILY_CLASSES",
     "KINDS",
+    "KIND_ALIASES",
     "KIND_CLASSES",
+    "REGISTRY_ONLY_CLASSES",
     "Backend",
     "BackendChoice",
+    "canonical_kind",
     "classes_served",
     "clear_default",
     "default_for_class",
@@ -54,15 +60,24 @@ __all__ = [
     "find_backend",
     "is_class_served",
     "kind_classes",
+    "model_family",
     "registry_problems",
     "resolve_backend",
     "set_default",
     "sort_classes",
 ]
 
-CLASSES: tuple[str, ...] = ("llm", "embedding", "rerank", "image", "tts", "asr")
+CLASSES: tuple[str, ...] = (
+    "llm", "embedding", "rerank", "image", "tts", "asr", "segment", "upscale", "3d",
+)  # fmt: skip
 """The model classes a backend can serve, in the order the UI lists them. A projector
 (mmproj) is no class of its own: it is loaded with its model."""
+
+REGISTRY_ONLY_CLASSES = frozenset({"segment", "upscale", "3d"})
+"""Classes whose engines live only in the registry (reference 001, "upscale is registry-only"):
+segmentation (SAM), upscaling (Real-ESRGAN) and 3D (TRELLIS) engines take no model file qmgui
+discovers, so an entry of these classes is stored, listed and ★-able, its executable read by
+whoever runs it per request, and it never adds or changes a command, a plan or an export."""
 
 CUSTOM = "custom"
 VLLM = "vllm"
@@ -90,6 +105,12 @@ KIND_CLASSES: Mapping[str, frozenset[str]] = MappingProxyType(
         # audio.cpp: one binary that speaks and transcribes (reference: audiocpp → tts + asr),
         # the kind that makes every "is this class served" a set question.
         "audiocpp": frozenset({"tts", "asr"}),
+        # Segment Anything servers (reference: sam, sam3, segment → segment).
+        "sam": frozenset({"segment"}),
+        # realesrgan-ncnn-vulkan and kin (reference: upscale, realesrgan, esrgan → upscale).
+        "realesrgan": frozenset({"upscale"}),
+        # TRELLIS image-to-3D (reference: trellis, trellis2, 3d → 3d).
+        "trellis": frozenset({"3d"}),
         # anything else: serves the classes its entry declares (`Backend.classes`).
         CUSTOM: frozenset(),
     }
@@ -97,6 +118,40 @@ KIND_CLASSES: Mapping[str, frozenset[str]] = MappingProxyType(
 
 KINDS: tuple[str, ...] = tuple(KIND_CLASSES)
 """Every kind the registry accepts, in the order the UI lists them."""
+
+KIND_ALIASES: Mapping[str, str] = MappingProxyType(
+    {
+        # the other spellings the reference's registry reads for each kind (000, kindClasses);
+        # matched after `canonical_kind` lowers the case and drops every space
+        "llama.cpp": "llama",
+        "llamacpp": "llama",
+        "server": "llama",
+        "llama-server": "llama",
+        "sd-server": "sd",
+        "image": "sd",
+        "whisper.cpp": "whisper",
+        "whisper-server": "whisper",
+        "asr": "parakeet",
+        "parakeet-server": "parakeet",
+        "transcribe": "parakeet",
+        "tts-server": "tts",
+        "speech": "tts",
+        "ttscpp": "tts",
+        "tts.cpp": "tts",
+        "audio.cpp": "audiocpp",
+        "audiocpp-server": "audiocpp",
+        "sam3": "sam",
+        "segment": "sam",
+        "upscale": "realesrgan",
+        "esrgan": "realesrgan",
+        "realesrgan-ncnn-vulkan": "realesrgan",
+        "trellis2": "trellis",
+        "3d": "trellis",
+    }
+)
+"""Other spellings of a kind (reference 000): read anywhere a kind is read (the settings file,
+`qmgui backends add --kind`, a `Backend` made in code), in any case, with spaces, dashes and
+underscores ignored, and stored as the kind they name."""
 
 FAMILY_CLASSES = frozenset({"image", "tts", "asr"})
 """Classes whose engines are not interchangeable: each reads its own weights format (Kokoro
@@ -107,10 +162,40 @@ ignored for those classes."""
 _HF_NOTE = "cannot read a Hugging Face folder"
 
 
+def _squashed(name: str) -> str:
+    """`name` lower-case without spaces, dashes or underscores: "AudioCpp Server" and
+    "audiocpp-server" are one key."""
+    return _SQUASH.sub("", name).lower()
+
+
+_SQUASH = re.compile(r"[\s_-]+")
+_KIND_KEYS: Mapping[str, str] = MappingProxyType(
+    {_squashed(k): v for k, v in KIND_ALIASES.items()} | {_squashed(k): k for k in KINDS}
+)
+
+
+def canonical_kind(kind: str) -> str:
+    """The registry's name for `kind`: any case and spacing of a kind or of one of its other
+    spellings (`KIND_ALIASES`: " Llama.CPP " is llama, "tts server" is tts); a name that is
+    neither is returned unchanged, so the error about it quotes what was given."""
+    if kind in KIND_CLASSES:
+        return kind
+    return _KIND_KEYS.get(_squashed(kind), kind)
+
+
+def model_family(meta: ModelMeta) -> str | None:
+    """The family hint a model's header gives (its architecture: kokoro, whisper, flux…), for
+    the classes whose engines read different weights (`FAMILY_CLASSES`); None elsewhere."""
+    if meta.model_class.value not in FAMILY_CLASSES:
+        return None
+    return meta.architecture.strip().lower() or None
+
+
 def kind_classes(kind: str, declared: Iterable[str] = ()) -> frozenset[str]:
     """The classes a backend of `kind` serves: the table's set, or for `custom` the classes
     its entry declares (unknown class names in `declared` are dropped). Unknown kinds serve
-    nothing."""
+    nothing; another spelling of a kind serves what the kind serves."""
+    kind = canonical_kind(kind)
     if kind == CUSTOM:
         return frozenset(c for c in declared if c in CLASSES)
     return KIND_CLASSES.get(kind, frozenset())
@@ -152,6 +237,7 @@ class Backend:
     def __post_init__(self) -> None:
         # Accept any iterable (a list from a form, a set) and keep the value immutable, so a
         # caller's later changes to what it passed in never reach a frozen Backend.
+        object.__setattr__(self, "kind", canonical_kind(self.kind))
         object.__setattr__(self, "default_for", frozenset(self.default_for))
         object.__setattr__(self, "classes", frozenset(self.classes))
         object.__setattr__(self, "capabilities", MappingProxyType(dict(self.capabilities)))
@@ -271,7 +357,11 @@ def resolve_backend(
     pin: str | None = None,
     family_hint: str | None = None,
 ) -> BackendChoice:
-    """Pick the entry that serves `model`, with the reason; see the module docstring."""
+    """Pick the entry that serves `model`, with the reason; see the module docstring.
+
+    `family_hint` None takes the hint from the model's header (`model_family`: every caller,
+    the command line and the window alike, resolves a Kokoro or Parakeet model to its own
+    family's entry); a blank hint asks for none."""
     meta = model.meta
     if meta is None:
         why = f" ({model.error})" if model.error else ""
@@ -279,6 +369,8 @@ def resolve_backend(
     model_class = meta.model_class.value
     if meta.model_class is ModelClass.PROJECTOR:
         return BackendChoice(None, "a projector is loaded with its model, not on its own")
+    if family_hint is None:
+        family_hint = model_family(meta)
     hf = vllm_preferred(meta)
     pin = pin.strip() if pin else None
     if not pin:

@@ -13,6 +13,7 @@ from qmgui.core.backends import (
     CUSTOM,
     KINDS,
     Backend,
+    canonical_kind,
     find_backend,
     kind_classes,
     sort_classes,
@@ -41,6 +42,7 @@ def new_backend_problem(
             f"a backend with the id {backend_id!r} already exists; "
             "remove it first or pick another id"
         )
+    kind = canonical_kind(kind)
     if kind not in KINDS:
         return f"unknown kind {kind!r}; one of {', '.join(KINDS)}"
     if not exe.strip():

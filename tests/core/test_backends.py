@@ -14,14 +14,17 @@ from qmgui.core.backends import (
     FAMILY_CLASSES,
     KIND_CLASSES,
     KINDS,
+    REGISTRY_ONLY_CLASSES,
     Backend,
     BackendChoice,
+    canonical_kind,
     classes_served,
     clear_default,
     default_for_class,
     default_problem,
     is_class_served,
     kind_classes,
+    model_family,
     registry_problems,
     resolve_backend,
     set_default,
@@ -32,11 +35,14 @@ from qmgui.core.errors import SettingsError
 from qmgui.core.meta import ModelClass, ModelMeta
 
 
-def make_meta(model_class: str = "llm", fmt: str = "gguf") -> ModelMeta:
-    """The smallest ModelMeta resolution reads: only format and class matter."""
+def make_meta(model_class: str = "llm", fmt: str = "gguf", arch: str | None = None) -> ModelMeta:
+    """The smallest ModelMeta resolution reads: format, class and (for a family hint) the
+    architecture, blank by default for the classes whose engines read different weights."""
+    if arch is None:
+        arch = "" if model_class in FAMILY_CLASSES else "llama"
     return ModelMeta(
         format=fmt,
-        architecture="llama",
+        architecture=arch,
         name="t",
         model_class=ModelClass(model_class),
         quant="F16",
@@ -52,7 +58,7 @@ def make_meta(model_class: str = "llm", fmt: str = "gguf") -> ModelMeta:
     )
 
 
-def model(model_class: str = "llm", fmt: str = "gguf") -> ModelEntry:
+def model(model_class: str = "llm", fmt: str = "gguf", arch: str | None = None) -> ModelEntry:
     return ModelEntry(
         id=f"/m/{model_class}.{fmt}",
         path=f"/m/{model_class}.{fmt}",
@@ -60,7 +66,7 @@ def model(model_class: str = "llm", fmt: str = "gguf") -> ModelEntry:
         format=fmt,
         source="folder",
         size_bytes=1,
-        meta=make_meta(model_class, fmt),
+        meta=make_meta(model_class, fmt, arch),
     )
 
 
@@ -240,6 +246,35 @@ CASES = {
         "first asr backend for family 'parakeet'",
         hint="parakeet",
     ),
+    # the hint from the model's header when the caller gives none (every real path)
+    "header-hint-keeps-whisper-from-audiocpp-star": Case(
+        model("asr", arch="whisper"),
+        (AUDIO_ASR_STAR, PARAKEET, WHISPER),
+        "whisper",
+        "first asr backend for family 'whisper'",
+    ),
+    "header-hint-picks-kokoro-over-the-tts-star": Case(
+        model("tts", arch="Kokoro"),
+        (TTS_STAR, replace(KOKORO, default_for=frozenset({"tts"}))),
+        "kokoro",
+        "★ default for tts (family 'kokoro')",
+    ),
+    "header-hint-unmatched-is-named": Case(
+        model("image", arch="flux"),
+        (SD,),
+        "sd",
+        "first image backend (no image backend for family 'flux')",
+    ),
+    "blank-hint-asks-for-none": Case(
+        model("asr", arch="whisper"),
+        (AUDIO_ASR_STAR, WHISPER),
+        "audio-asr*",
+        "★ default for asr",
+        hint="",
+    ),
+    "header-hint-ignored-for-llm": Case(
+        model(arch="vllm"), (LLAMA_STAR, VLLM), "llama*", "★ default for llm"
+    ),
     "hint-ignored-for-interchangeable-llm-engines": Case(
         model(), (LLAMA_STAR, VLLM), "llama*", "★ default for llm", hint="vllm"
     ),
@@ -359,7 +394,8 @@ def test_only_an_unpinned_model_follows_a_star_switch() -> None:
 
 def test_kind_table() -> None:
     assert KINDS == (
-        "llama", "vllm", "sd", "whisper", "parakeet", "tts", "kokoro", "audiocpp", "custom",
+        "llama", "vllm", "sd", "whisper", "parakeet", "tts", "kokoro", "audiocpp", "sam",
+        "realesrgan", "trellis", "custom",
     )  # fmt: skip
     assert kind_classes("llama") == {"llm", "embedding", "rerank"}
     assert kind_classes("vllm") == {"llm", "embedding", "rerank"}
@@ -367,12 +403,18 @@ def test_kind_table() -> None:
     assert kind_classes("whisper") == kind_classes("parakeet") == {"asr"}
     assert kind_classes("tts") == kind_classes("kokoro") == {"tts"}
     assert kind_classes("audiocpp") == {"tts", "asr"}
+    assert kind_classes("sam") == {"segment"}
+    assert kind_classes("realesrgan") == {"upscale"}
+    assert kind_classes("trellis") == {"3d"}
     assert kind_classes("custom") == frozenset()
     assert kind_classes("custom", ["image", "tts", "projector", "nonsense"]) == {"image", "tts"}
+    assert kind_classes("custom", ["segment", "3d"]) == {"segment", "3d"}
     assert kind_classes("ollama") == frozenset()
     assert kind_classes("llama", ["image"]) == kind_classes("llama")  # declared: custom only
     assert all(classes <= set(CLASSES) for classes in KIND_CLASSES.values())
-    assert set(CLASSES) == {c.value for c in ModelClass} - {"projector"}
+    # a discovered model has one of the other classes; these only have registry entries
+    assert {"segment", "upscale", "3d"} == REGISTRY_ONLY_CLASSES
+    assert set(CLASSES) - REGISTRY_ONLY_CLASSES == {c.value for c in ModelClass} - {"projector"}
     assert {"image", "tts", "asr"} == FAMILY_CLASSES
     with pytest.raises(TypeError):
         KIND_CLASSES["new"] = frozenset()  # type: ignore[index]
@@ -528,7 +570,8 @@ def test_set_default_leaves_exactly_one_star(registry: list[Backend], data: st.D
     assert [b.id for b in moved if model_class in b.default_for] == [backend_id]
     for old, new in zip(registry, moved, strict=True):  # every other class is untouched
         assert old.default_for - {model_class} == new.default_for - {model_class}
-    assert resolve_backend(model(model_class), moved).backend_id == backend_id
+    if model_class not in REGISTRY_ONLY_CLASSES:  # no model file has those classes
+        assert resolve_backend(model(model_class), moved).backend_id == backend_id
 
 
 # --- registry checks --------------------------------------------------------------------------
@@ -557,10 +600,80 @@ def test_registry_problems_are_sentences() -> None:
         "backends 'a' and 'b' are both ★ for llm; 'a' is used",
         "backend 'b' is ★ for image, which a vllm backend does not serve",
         "backend 'c' has an unknown kind 'ollama'; one of llama, vllm, sd, whisper, parakeet,"
-        " tts, kokoro, audiocpp, custom",
+        " tts, kokoro, audiocpp, sam, realesrgan, trellis, custom",
         "custom backend 'd' declares no class, so it serves no model",
         "backend 'e' declares unknown classes video; one of llm, embedding, rerank, image, tts,"
-        " asr",
+        " asr, segment, upscale, 3d",
         "backend 'f' declares classes, which only custom backends use; a kokoro backend serves tts",
         "backend 'g' has no executable",
     )
+
+
+# --- other spellings of a kind, and the registry-only classes -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spelling", "kind"),
+    [
+        ("llama.cpp", "llama"),
+        ("SERVER", "llama"),
+        (" Llama.CPP ", "llama"),
+        ("sd-server", "sd"),
+        ("tts-server", "tts"),
+        ("ttscpp", "tts"),
+        ("TTS.cpp", "tts"),
+        ("tts . cpp", "tts"),
+        ("parakeet-server", "parakeet"),
+        ("Transcribe", "parakeet"),
+        ("audio.cpp", "audiocpp"),
+        ("AudioCpp-Server", "audiocpp"),
+        ("audio cpp", "audiocpp"),
+        ("AudioCpp Server", "audiocpp"),
+        ("tts_server", "tts"),
+        ("Real-ESRGAN", "realesrgan"),
+        ("sam3", "sam"),
+        ("Segment", "sam"),
+        ("esrgan", "realesrgan"),
+        ("RealESRGAN", "realesrgan"),
+        ("upscale", "realesrgan"),
+        ("trellis2", "trellis"),
+        ("3D", "trellis"),
+        ("VLLM", "vllm"),
+        ("custom", "custom"),
+    ],
+)
+def test_other_spellings_read_as_the_kind(spelling: str, kind: str) -> None:
+    assert canonical_kind(spelling) == kind
+    b = Backend("x", spelling, "/opt/x")
+    assert b.kind == kind  # stored as the kind it names
+    assert b.served_classes == kind_classes(kind) == kind_classes(spelling)
+    assert registry_problems((b,)) == () or kind == "custom"
+
+
+def test_an_unknown_kind_stays_as_given() -> None:
+    assert canonical_kind(" Ollama ") == " Ollama "
+    assert Backend("x", "Ollama", "/opt/x").kind == "Ollama"
+    assert kind_classes("Ollama") == frozenset()
+
+
+def test_family_hint_from_the_header() -> None:
+    assert model_family(make_meta("tts", arch=" Kokoro ")) == "kokoro"
+    assert model_family(make_meta("asr", arch="whisper")) == "whisper"
+    assert model_family(make_meta("image", arch="")) is None
+    assert model_family(make_meta("llm", arch="llama")) is None  # llm engines are interchangeable
+
+
+def test_registry_only_classes_take_entries_and_stars() -> None:
+    sam = be("sam3", "sam3", star={"segment"})
+    esrgan = be("esrgan", "esrgan")
+    trellis = be("trellis", "trellis2", star={"3d"})
+    registry = (LLAMA_STAR, sam, esrgan, trellis)
+    assert registry_problems(registry) == ()
+    assert classes_served(registry) >= REGISTRY_ONLY_CLASSES
+    starred = set_default(registry, "esrgan", "upscale")
+    assert default_for_class(starred, "upscale") == replace(esrgan, default_for={"upscale"})
+    assert default_for_class(starred, "segment") == sam
+    # none of them serves a class a model file has
+    for model_class in ("llm", "embedding", "rerank", "image", "tts", "asr"):
+        assert not any(b.serves(model_class) for b in (sam, esrgan, trellis))
+    assert resolve_backend(model(), starred).backend == LLAMA_STAR
