@@ -183,6 +183,16 @@ def test_the_window_reports_its_first_paint_and_quits(tmp_path: Path) -> None:
     assert 0 < ms <= whole_ms < 120_000
 
 
+def test_a_minimized_start_builds_the_whole_window_at_once(tmp_path: Path) -> None:
+    """`--minimized` (start with the session) paints nothing first: the window is built whole
+    before the event loop runs, then the start goes on as after a first paint."""
+    proc = _qmgui(["--minimized"], tmp_path, QMGUI_REPORT_SHOWN="1")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [ln for ln in lines if ln.startswith("qmgui: window built in ")], proc.stdout
+    assert not [ln for ln in lines if ln.startswith("qmgui: window shown in ")]
+
+
 GC_CHECK = """
 import gc, io, sys
 from qmgui.__main__ import main
