@@ -244,3 +244,25 @@ def test_a_terminal_never_gets_escape_sequences_from_names(tmp_path: Path) -> No
     piped = io.StringIO()  # not a terminal: left as it is (JSON escapes by itself)
     main(["plan", str(evil), "-c", "512", "--json"], out=piped, err=io.StringIO())
     assert "\x1b" not in piped.getvalue()
+
+
+def test_vllm_plan_and_preview_take_the_reserve_alike(tmp_path: Path) -> None:
+    """`--reserve` is headroom left free on the card for `plan --engine vllm` as for
+    `preview`: both size vLLM for the free memory less the reserve."""
+    from tests.synth.factory import FULL_SIZE_PRESETS
+
+    model = str(write_gguf(tmp_path / "q4b.gguf", FULL_SIZE_PRESETS["qwen3-4b"], sparse=True))
+
+    def max_model_len(command: str, *extra: str) -> int:
+        code, out, _ = run(command, model, "--engine", "vllm", "--gpu", "8GiB", "--json", *extra)
+        assert code == 0
+        data = json.loads(out)
+        args = data["args"] if command == "plan" else data["argv"]
+        return int(args[args.index("--max-model-len") + 1])
+
+    for reserve, expected in (("0", 24576), ("2GiB", 12288)):
+        assert max_model_len("plan", "--reserve", reserve) == expected
+        assert max_model_len("preview", "--reserve", reserve) == expected
+    # a vLLM budget (given or saved) is the budget: the reserve does not come off it
+    for command in ("plan", "preview"):
+        assert max_model_len(command, "--reserve", "2GiB", "--vllm-budget", "7GiB") == 20480

@@ -419,7 +419,7 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     settings, disk = disk_advice(entry, settings, given, ram_bytes=host)
     engine = args.engine or ("llama" if entry.format == "gguf" else "vllm")
     if engine == "vllm":
-        return _cmd_plan_vllm(entry, gpus, args, out, profile, remote=remote)
+        return _cmd_plan_vllm(entry, gpus, args, out, profile, reserve=reserve, remote=remote)
     if entry.format != "gguf":
         notify.error(
             f"{args.model}: llama-server plans need a GGUF file; this is a "
@@ -701,9 +701,11 @@ def _cmd_plan_vllm(
     out: TextIO,
     profile: dict[str, Any],
     *,
+    reserve: int = 0,
     remote: dict[str, int] | None = None,
 ) -> int:
-    from qmgui.core.vllm import plan_vllm  # noqa: PLC0415 - GGUF plans never need it
+    # GGUF plans never need these
+    from qmgui.core.vllm import budget_per_gpu, plan_vllm  # noqa: PLC0415
 
     assert entry.meta is not None
     remote = remote or {}
@@ -712,11 +714,15 @@ def _cmd_plan_vllm(
         values = {**profile, **vllm_values(args)}
         if args.ctx is not None:
             values["ctx_size"] = args.ctx
-        budget = values.get("vllm_budget_bytes")
         plan = plan_vllm(
             entry.meta,
             gpu_total_bytes=gpu.total_bytes if gpu else None,
-            budget_bytes=budget if isinstance(budget, int) else gpu.available if gpu else None,
+            # --reserve as `preview` applies it: the card's free memory less the headroom
+            budget_bytes=budget_per_gpu(
+                values.get("vllm_budget_bytes"),
+                available=gpu.available if gpu else None,
+                reserve=reserve,
+            ),
             tensor_parallel=max(len(gpus), 1),
             pins=vllm_pins(values),
             is_split_gguf=len(entry.shards) > 1,

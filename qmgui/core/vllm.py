@@ -727,6 +727,18 @@ def _breakdown(
     )
 
 
+def budget_per_gpu(pinned: object, *, available: int | None, reserve: int) -> int | None:
+    """The VRAM per GPU a vLLM launch is sized for: the model's budget (`vllm_budget_bytes`,
+    saved or given) when it is one, else the card's free memory less the headroom `reserve`
+    (`--reserve`, the window's GPU reserve), at least one byte; None with no card reading.
+    `qmgui plan`, `preview`, `export`, `serve` and the window all size through this."""
+    if isinstance(pinned, int) and not isinstance(pinned, bool) and pinned > 0:
+        return pinned
+    if available is None:
+        return None
+    return max(available - reserve, 1)
+
+
 def plan_vllm(
     meta: ModelMeta,
     *,

@@ -31,7 +31,7 @@ from qmgui.core.footprint import Gpu
 from qmgui.core.launch import LaunchSettings
 from qmgui.core.meta import ModelClass
 from qmgui.core.profile import Profile, apply_profile, extra_args_of, vllm_pins
-from qmgui.core.vllm import VllmPlan, plan_vllm
+from qmgui.core.vllm import VllmPlan, budget_per_gpu, plan_vllm
 from qmgui.engines.llama_run import find_llama_server
 from qmgui.engines.supervisor import EngineSpec
 from qmgui.service.disk import disk_advice
@@ -410,16 +410,13 @@ def _vllm(
     if entry.meta is None:
         return skipped(f"{entry.name}: {entry.error or 'not a model'}"), [], None
     gpu = req.gpus[0] if req.gpus else None
-    budget = profile.get("vllm_budget_bytes")
     plan = plan_vllm(
         entry.meta,
         gpu_total_bytes=gpu.total_bytes if gpu else None,
-        budget_bytes=(
-            int(budget)
-            if isinstance(budget, int)
-            else max(gpu.available - req.reserve, 1)
-            if gpu
-            else None
+        budget_bytes=budget_per_gpu(
+            profile.get("vllm_budget_bytes"),
+            available=gpu.available if gpu else None,
+            reserve=req.reserve,
         ),
         tensor_parallel=max(len(req.gpus), 1),
         pins=vllm_pins(profile, extra_args=extra),

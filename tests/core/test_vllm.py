@@ -25,6 +25,7 @@ from qmgui.core.vllm import (
     OVERHEAD_BYTES,
     VllmPins,
     VllmPlan,
+    budget_per_gpu,
     plan_vllm,
     tool_call_parser,
     vllm_preferred,
@@ -677,3 +678,14 @@ def test_pins_always_win(
         assert p.tensor_parallel == tp
         assert arg(p, "--tensor-parallel-size") == (str(tp) if tp > 1 else None)
     assert (p.fits and p.reason is None) or (not p.fits and p.reason)
+
+
+def test_budget_per_gpu_is_the_pinned_budget_else_free_memory_less_the_reserve() -> None:
+    assert budget_per_gpu(7 * GIB, available=8 * GIB, reserve=2 * GIB) == 7 * GIB
+    assert budget_per_gpu(None, available=8 * GIB, reserve=2 * GIB) == 6 * GIB
+    assert budget_per_gpu(None, available=8 * GIB, reserve=0) == 8 * GIB
+    assert budget_per_gpu(None, available=GIB, reserve=2 * GIB) == 1  # never zero or less
+    assert budget_per_gpu(None, available=None, reserve=2 * GIB) is None  # no card reading
+    # what is not a budget (a hand-edited profile) reads as none
+    for junk in (0, -1, True, "7GiB", 7.5):
+        assert budget_per_gpu(junk, available=8 * GIB, reserve=0) == 8 * GIB
