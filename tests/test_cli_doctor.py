@@ -30,6 +30,7 @@ SECTIONS = {
     "llama_server",
     "folders",
     "model_roots",
+    "residuals",
     "findings",
     "exit_status",
 }
@@ -71,6 +72,7 @@ def test_a_bare_machine_is_not_broken() -> None:
         "llama-server",
         "Folders",
         "Model roots",
+        "Memory residuals",
     ):
         assert f"\n{title}\n" in f"\n{out}"
     assert "no backends configured" in out
@@ -261,3 +263,31 @@ def test_llama_server_on_path_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert data["llama_server"]["source"] == "PATH"
     assert data["llama_server"]["path"] == str(tmp_path / "llama-server")
     assert data["llama_server"]["probe"]["version"] == "b9"
+
+
+def test_residuals_list_launches_and_engine_checks_apart() -> None:
+    """A launch beyond the plan is a warning; an engine check is a projection, said as one
+    and never counted with the launches."""
+    from qmgui.engines.residuals import ResidualStore, machine_name
+
+    code, data = doctor_json()
+    assert [f["status"] for f in data["findings"] if f["section"] == "residuals"] == ["missing"]
+    store = ResidualStore()
+    machine = machine_name()
+    launch = {"source": "launch", "machine": machine, "build": "b1-x", "architecture": "llama",
+              "samples": 2, "overruns": 1, "updated": "2026-01-01T00:00:00+00:00"}  # fmt: skip
+    check = {"source": "check", "machine": machine, "build": "b1-x", "architecture": "llama",
+             "samples": 3, "agreed": 2, "mean_mib": {"weights": 0, "context": 0,
+             "compute": -1.5}, "updated": "2026-01-01T00:00:00+00:00"}  # fmt: skip
+    with store._file.changing() as entries:
+        entries[f"{machine}|b1-x|llama"] = launch
+        entries[f"check|{machine}|b1-x|llama"] = check
+    code, data = doctor_json()
+    assert code == doctor.EXIT_OK
+    found = [(f["status"], f["message"]) for f in data["findings"] if f["section"] == "residuals"]
+    assert found[0][0] == "warning" and found[0][1].startswith("2 launch readback(s) of 1 ")
+    assert "beyond the plan in 1: llama on b1-x" in found[0][1]
+    assert found[1][0] == "ok" and "engine check (a projection, not an allocation)" in found[1][1]
+    assert "2 of 3 agreed" in found[1][1] and "+0.00/+0.00/-1.50 MiB" in found[1][1]
+    assert [e["samples"] for e in data["residuals"]["checks"]] == [3]
+    assert [e["samples"] for e in data["residuals"]["launches"]] == [2]

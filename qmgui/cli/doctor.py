@@ -3,7 +3,9 @@
 It looks, in order, at: qmgui and Python, Qt (PySide6 imports; a display to open the window
 on), the NVIDIA driver and GPUs (NVML), the host (RAM, CPU), the settings file, the configured
 backends (each executable checked and probed with a short timeout), a llama-server on PATH or
-the test engine, the config and cache folders, and the model roots.
+the test engine, the config and cache folders, the model roots, and the memory residuals
+(what launches allocated against the plan; the engine's own projections, `qmgui plan
+--check`, apart: a projection is not an allocation).
 
 Each finding has a status: ``ok``; ``missing`` (absent, and fine: no GPU, no models, no
 backends is a normal machine to plan on); ``warning`` (works, but worth a look); ``broken``
@@ -443,9 +445,65 @@ def _model_roots(loaded: LoadResult) -> Section:
     return data, findings
 
 
+def _residuals() -> Section:
+    """The residual store in a line per kind: the launches' readbacks (bytes allocated
+    against the plan; one beyond it is a warning) and, apart, the engine checks."""
+    from qmgui.engines.residuals import CHECK, LAUNCH, ResidualStore  # noqa: PLC0415
+
+    store = ResidualStore()
+    summary = store.summary()
+    launches, checks = summary[LAUNCH], summary[CHECK]
+    data: dict[str, Any] = {"path": str(store.path), "launches": launches, "checks": checks}
+    findings: list[Finding] = []
+    if not launches and not checks:
+        findings.append(
+            Finding(
+                "residuals", MISSING, "no launch readbacks or engine checks recorded yet",
+                "qmgui serve records what a launch allocated against the plan; qmgui plan "
+                "--check (or the window's 'Check with the engine') records llama-server's own "
+                "projection beside it",
+            )
+        )  # fmt: skip
+        return data, findings
+
+    def key(e: dict[str, Any]) -> str:
+        return f"{e.get('architecture') or 'unknown'} on {e.get('build') or 'an unknown build'}"
+
+    if launches:
+        n = sum(int(e.get("samples", 0)) for e in launches)
+        over = [e for e in launches if int(e.get("overruns", 0))]
+        msg = f"{n} launch readback(s) of {len(launches)} machine/build/architecture(s)"
+        if over:
+            where = ", ".join(key(e) for e in over[:3])
+            findings.append(
+                Finding(
+                    "residuals", WARNING,
+                    f"{msg}; the engine allocated beyond the plan in {len(over)}: {where}",
+                    "qmgui serve --json shows the buffers per device; the plan's margin "
+                    "(--reserve) covers the difference until the sizing does",
+                )
+            )  # fmt: skip
+        else:
+            findings.append(Finding("residuals", OK, f"{msg}, none beyond the plan"))
+    for e in checks[:5]:
+        mean = e.get("mean_mib") or {}
+        parts = "/".join(f"{float(mean.get(k, 0)):+.2f}" for k in ("weights", "context", "compute"))
+        findings.append(
+            Finding(
+                "residuals", OK,
+                f"engine check (a projection, not an allocation) of {key(e)}: "
+                f"{e.get('agreed', 0)} of {e.get('samples', 0)} agreed; engine − plan "
+                f"weights/context/compute {parts} MiB on average",
+            )
+        )  # fmt: skip
+    return data, findings
+
+
 # --- the command -------------------------------------------------------------------------------
 
 _SEVERITY = (OK, MISSING, WARNING, BROKEN)
+
+
 _TITLES = {
     "qmgui": "qmgui",
     "qt": "Qt",
@@ -456,6 +514,7 @@ _TITLES = {
     "llama_server": "llama-server",
     "folders": "Folders",
     "model_roots": "Model roots",
+    "residuals": "Memory residuals",
 }
 
 
@@ -480,6 +539,7 @@ def collect(
         ("llama_server", _llama_server(timeout_s, prober)),
         ("folders", _folders()),
         ("model_roots", _model_roots(loaded)),
+        ("residuals", _residuals()),
     ]
     data = {name: section[0] for name, section in sections}
     findings = [f for _, section in sections for f in section[1]]

@@ -461,9 +461,9 @@ def _engine_check(
     reserve: int,
 ) -> dict[str, Any]:  # fmt: skip
     """`--check`: the engine's own projection of this launch (llama-server -fit on, stopped
-    before it loads), beside the plan per device."""
-    from qmgui.core.projection import compared  # noqa: PLC0415 - --check only
-    from qmgui.engines.fit_check import run_fit_check  # noqa: PLC0415
+    before it loads), beside the plan per device, recorded in the residual store as an
+    engine check (apart from a launch's readbacks)."""
+    from qmgui.engines.fit_check import check_launch  # noqa: PLC0415 - --check only
     from qmgui.service.launch import Request, Resolver, emit_model, load_quietly  # noqa: PLC0415
 
     resolver = Resolver(load_quietly(), backend_arg=getattr(args, "backend", None))
@@ -475,11 +475,13 @@ def _engine_check(
     command = emit_model(entry, target, req, resolver.override(entry)).command
     if not command.runnable:
         return {"devices": [], "error": "; ".join(command.warnings)}
-    fit = run_fit_check(command.argv)
+    checked = check_launch(command.argv, result.footprint, meta=entry.meta)
     return {
         "engine": target.executable,
-        "devices": compared(fit.devices, result.footprint.devices),
-        "error": fit.error or None,
+        "build": checked.build,
+        "devices": [row.to_json() for row in checked.rows],
+        "residuals_mib": checked.residuals_mib() if checked.comparable else None,
+        "error": checked.error or None,
     }
 
 
@@ -497,6 +499,9 @@ def _print_check(checked: dict[str, Any], out: TextIO) -> None:
             f"planned {ours} MiB, engine {theirs} MiB: {verdict}",
             file=out,
         )
+    if checked["devices"]:
+        print("  recorded with the memory residuals as an engine check (a projection, not an "
+              "allocation)", file=out)  # fmt: skip
 
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # MODEL written as a URL, not a path

@@ -5,7 +5,11 @@ The command is the launch's own (the same flags qmgui would run), with `-fit on`
 verbosity that prints the projection; the process runs in its own session and the whole group
 is killed as soon as the projection is printed, the load starts, or the time is up: nothing is
 left behind, and no weight is loaded. Not `llama-fit-params`, which plans another graph (it
-reserves for 512 outputs where the server reserves for its slots)."""
+reserves for 512 outputs where the server reserves for its slots).
+
+`check_launch` sets the projection beside qmgui's plan per device and records the comparison
+in the residual store (`qmgui.engines.residuals`, apart from a launch's readbacks): what
+`qmgui plan --check` and the window's "Check with the engine" run."""
 
 from __future__ import annotations
 
@@ -16,9 +20,16 @@ import subprocess
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from qmgui.core.projection import ProjectedDevice, parse_projection
 from qmgui.engines.ports import free_port
+
+if TYPE_CHECKING:
+    from qmgui.core.footprint import Footprint
+    from qmgui.core.meta import ModelMeta
+    from qmgui.engines.residuals import EngineCheck, ResidualStore
 
 TIMEOUT_S = 60.0
 # the projection is printed (or the load begins: too late for it, stop anyway)
@@ -98,3 +109,32 @@ def run_fit_check(argv: Sequence[str], *, timeout_s: float = TIMEOUT_S) -> FitCh
     return FitCheck(
         (), log, f"the engine printed no projection (does this build know -fit?): {last[:200]}"
     )
+
+
+def _model_name(argv: Sequence[str]) -> str | None:
+    for i, tok in enumerate(argv[:-1]):
+        if tok in ("-m", "--model"):
+            return Path(argv[i + 1]).name
+    return next((Path(t.split("=", 1)[1]).name for t in argv if t.startswith("--model=")), None)
+
+
+def check_launch(
+    argv: Sequence[str], footprint: Footprint, *, meta: ModelMeta | None = None,
+    store: ResidualStore | None = None, record: bool = True, timeout_s: float = TIMEOUT_S,
+) -> EngineCheck:  # fmt: skip
+    """The engine's projection of the launch `argv` beside the plan `footprint` (per device:
+    weights, context, compute in MiB), recorded in the residual store (`store`, else the
+    state folder's) unless `record` is False or there was no projection. A store that cannot
+    be written is said as a warning; the comparison is returned all the same."""
+    from qmgui import notify  # noqa: PLC0415 - with a check only
+    from qmgui.engines.residuals import ResidualStore, engine_check  # noqa: PLC0415
+
+    check = engine_check(
+        run_fit_check(argv, timeout_s=timeout_s), footprint, meta=meta, model=_model_name(argv)
+    )
+    if record and check.comparable:
+        try:
+            (store or ResidualStore()).record_check(check)
+        except OSError as e:
+            notify.warning(f"the engine check could not be recorded: {e}", source="engines")
+    return check

@@ -12,6 +12,15 @@ by machine (hostname), engine build and model architecture, as a running mean, i
 `residuals.json` under the run registry's state folder. It is written atomically; a file that
 cannot be read is moved aside and reported. The sizing code may read a correction with
 `read_residuals` (it does not yet).
+
+The same store keeps the engine checks (`qmgui plan --check`, the window's "Check with the
+engine": `check_launch`): llama-server's own projection of a launch (`-fit on`, stopped before
+it loads anything) beside qmgui's plan, per device and part (weights, context, compute) in
+MiB. A projection is not an allocation, so these entries are apart: keyed
+`check|machine|build|architecture`, marked `"source": "check"` (a launch's readback is
+`"source": "launch"`; entries written before the mark have none and are readbacks), with
+MiB figures where a readback has bytes. `read`/`read_residuals` never return them; `summary`
+lists both kinds, each as what it is.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -33,6 +42,10 @@ from qmgui.core.units import format_bytes
 from qmgui.engines.json_store import JsonStore
 from qmgui.engines.registry import state_dir
 from qmgui.hw.nvml import NvmlReading
+
+if TYPE_CHECKING:
+    from qmgui.core.meta import ModelMeta
+    from qmgui.engines.fit_check import FitCheck
 
 FILE_NAME = "residuals.json"
 VERSION = 1
@@ -45,6 +58,11 @@ _SOURCE = "engines"
 OVERRUN_SHARE = 0.02
 PRINT_PRECISION = 10486  # 0.01 MiB
 _INDEX = re.compile(r"(\d+)$")
+LAUNCH, CHECK = "launch", "check"  # an entry's "source": a launch's readback, an engine check
+# an engine check compares the projection's three parts (context: KV, recurrent state, output)
+CHECK_PARTS = ("weights", "context", "compute")
+CHECK_PREFIX = f"{CHECK}|"
+RECENT_CHECKS = 10  # the last checks kept in full per key (model, settings, devices)
 
 
 def _planned(d: DeviceFootprint) -> dict[str, int]:
@@ -253,6 +271,118 @@ def readback(
     )
 
 
+@dataclass(frozen=True)
+class CheckRow:
+    """One device of an engine check: qmgui's plan and llama-server's projection in MiB per
+    part (weights, context, compute). The engine prints whole MiB, floored: a plan within
+    [0, 1) MiB above it agrees."""
+
+    device: str  # the plan's name: "GPU0", "CPU"
+    engine_device: str  # the engine's: "CUDA0 (H200)", "Host"
+    planned_mib: tuple[float, float, float]
+    engine_mib: tuple[int, int, int]
+
+    @property
+    def residual_mib(self) -> dict[str, float]:
+        """engine − planned per part: the sign of a readback's actual − planned."""
+        return {
+            k: round(e - p, 2)
+            for k, p, e in zip(CHECK_PARTS, self.planned_mib, self.engine_mib, strict=True)
+        }
+
+    @property
+    def agrees(self) -> bool:
+        return all(0 <= p - e < 1 for p, e in zip(self.planned_mib, self.engine_mib, strict=True))
+
+    def to_json(self) -> dict[str, object]:
+        """The row as `core.projection.compared` gives it, with the residual added."""
+        return {
+            "device": self.device,
+            "engine_device": self.engine_device,
+            "planned_mib": list(self.planned_mib),
+            "engine_mib": list(self.engine_mib),
+            "difference_mib": [
+                round(p - e, 2) for p, e in zip(self.planned_mib, self.engine_mib, strict=True)
+            ],
+            "residual_mib": self.residual_mib,
+            "agrees": self.agrees,
+        }
+
+
+@dataclass(frozen=True)
+class EngineCheck:
+    """llama-server's projection of a launch beside qmgui's plan: a projection, not an
+    allocation (see the module text)."""
+
+    rows: tuple[CheckRow, ...]
+    build: str | None = None  # "b1234-abcdef0", from the engine's log
+    architecture: str | None = None
+    model: str | None = None  # the model's file name
+    settings: Mapping[str, object] = field(default_factory=dict)  # as resolved, with -ngl
+    error: str = ""  # why there is no projection
+
+    @property
+    def comparable(self) -> bool:
+        return bool(self.rows)
+
+    def residuals_mib(self) -> dict[str, float]:
+        """engine − planned MiB per part, summed over the devices."""
+        out = dict.fromkeys(CHECK_PARTS, 0.0)
+        for row in self.rows:
+            for k, v in row.residual_mib.items():
+                out[k] = round(out[k] + v, 2)
+        return out
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "source": CHECK,
+            "build": self.build,
+            "architecture": self.architecture,
+            "model": self.model,
+            "settings": dict(self.settings),
+            "devices": [r.to_json() for r in self.rows],
+            "residuals_mib": self.residuals_mib() if self.comparable else None,
+            "error": self.error or None,
+        }
+
+
+def _settings_json(footprint: Footprint) -> dict[str, object]:
+    resolved = footprint.settings
+    out: dict[str, object] = {} if resolved is None else dict(vars(resolved))
+    out["n_gpu_layers"] = footprint.n_gpu_layers
+    return out
+
+
+def engine_check(
+    fit: FitCheck, footprint: Footprint, *, meta: ModelMeta | None = None,
+    model: str | None = None,
+) -> EngineCheck:  # fmt: skip
+    """The projection `fit` beside the plan `footprint` (its devices matched as
+    `core.projection.compared` matches them); the build from the engine's log, the
+    architecture from `meta` (the log of a projection does not name it); `model` (the
+    file's name) or else the model's own name."""
+    from qmgui.core.projection import compared  # noqa: PLC0415 - with a check only
+
+    rows = tuple(
+        CheckRow(
+            str(r["device"]),
+            str(r["engine_device"]),
+            tuple(r["planned_mib"]),  # type: ignore[arg-type]
+            tuple(r["engine_mib"]),  # type: ignore[arg-type]
+        )
+        for r in compared(fit.devices, footprint.devices)
+    )
+    report = parse_llama_log(fit.log)
+    return EngineCheck(
+        rows,
+        _build_key(report),
+        meta.architecture if meta is not None else report.architecture,
+        model or (meta.name if meta is not None else None),
+        _settings_json(footprint),
+        fit.error,
+    )
+
+
 def machine_name() -> str:
     return socket.gethostname() or "unknown"
 
@@ -292,6 +422,7 @@ class ResidualStore:
                 k: round((float(mean.get(k, 0)) * n + residuals[k]) / (n + 1)) for k in KINDS
             }
             entry = {
+                "source": LAUNCH,
                 "machine": machine,
                 "build": result.build,
                 "architecture": result.architecture,
@@ -307,12 +438,76 @@ class ResidualStore:
             entries[key] = entry
         return entry
 
+    def record_check(
+        self, check: EngineCheck, *, machine: str | None = None
+    ) -> dict[str, Any] | None:
+        """Fold an engine check into its own entry (`check|machine|build|architecture`,
+        `"source": "check"`): the running mean of engine − planned MiB per part, how many
+        agreed on every device, and the last few checks in full. None when the engine gave
+        no projection. OSError when it cannot be written."""
+        if not check.comparable:
+            return None
+        machine = machine or machine_name()
+        key = CHECK_PREFIX + _key(machine, check.build, check.architecture)
+        residuals = check.residuals_mib()
+        agrees = all(r.agrees for r in check.rows)
+        now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        with self._file.changing() as entries:
+            old = entries.get(key)
+            old = old if isinstance(old, dict) else {}
+            n = int(old.get("samples", 0))
+            mean = old.get("mean_mib", {})
+            mean = mean if isinstance(mean, dict) else {}
+            recent = old.get("recent", [])
+            recent = recent if isinstance(recent, list) else []
+            one = {
+                "model": check.model,
+                "settings": dict(check.settings),
+                "devices": [r.to_json() for r in check.rows],
+                "residuals_mib": residuals,
+                "agrees": agrees,
+                "updated": now,
+            }
+            entry = {
+                "source": CHECK,
+                "machine": machine,
+                "build": check.build,
+                "architecture": check.architecture,
+                "samples": n + 1,
+                "mean_mib": {
+                    k: round((float(mean.get(k, 0)) * n + residuals[k]) / (n + 1), 2)
+                    for k in CHECK_PARTS
+                },
+                "last_mib": residuals,
+                "agreed": int(old.get("agreed", 0)) + agrees,
+                "recent": [*recent, one][-RECENT_CHECKS:],
+                "updated": now,
+            }
+            entries[key] = entry
+        return entry
+
+    def summary(self) -> dict[str, list[dict[str, Any]]]:
+        """Every entry, apart by source: `launch` (readbacks: bytes the engine allocated
+        against the plan; an entry without a source is one) and `check` (the engine's
+        projections against the plan, MiB). Newest first."""
+        out: dict[str, list[dict[str, Any]]] = {LAUNCH: [], CHECK: []}
+        for entry in self._file.read().values():
+            if not isinstance(entry, dict):
+                continue
+            source = entry.get("source", LAUNCH)
+            if source in out:
+                out[source].append(entry)
+        for entries in out.values():
+            entries.sort(key=lambda e: str(e.get("updated", "")), reverse=True)
+        return out
+
     def read(
         self, *, build: str | None, architecture: str | None, machine: str | None = None
     ) -> dict[str, int] | None:
-        """The mean actual − planned bytes per buffer kind for this key, or None."""
+        """The mean actual − planned bytes per buffer kind for this key, or None (a launch's
+        readbacks only: an engine check is a projection, not an allocation)."""
         entry = self._file.read().get(_key(machine or machine_name(), build, architecture))
-        if not isinstance(entry, dict):
+        if not isinstance(entry, dict) or entry.get("source", LAUNCH) != LAUNCH:
             return None
         mean = entry.get("mean")
         if not isinstance(mean, dict):
@@ -332,11 +527,17 @@ def read_residuals(
 
 
 __all__ = [
+    "CHECK",
+    "CHECK_PARTS",
     "KINDS",
+    "LAUNCH",
+    "CheckRow",
     "DeviceRow",
+    "EngineCheck",
     "ProcessGpu",
     "Readback",
     "ResidualStore",
+    "engine_check",
     "engine_pids",
     "machine_name",
     "read_residuals",
