@@ -268,10 +268,19 @@ class UiState(_Stored):
 
 class RunSet(_Stored):
     """A named group of models started and stopped together (each with its own settings,
-    `model_overrides`)."""
+    `model_overrides`). With `roles` it is a role set: `ROLE=MODEL[:KEY=VALUE,...]` lines
+    (`core.roles`; MODEL a model id or a path) planned together on every start
+    (`service.role_sets`), and `model_ids` lists the models the roles name. The lines are
+    checked when the set is saved (`ui.fleet.Fleet.save_role_set`), not here: a line a later
+    build reads differently is said at its start, never a reason to move the file aside."""
 
     name: str = Field(min_length=1)
     model_ids: list[str] = Field(default_factory=list)
+    roles: list[str] = Field(default_factory=list)
+
+    @property
+    def is_role_set(self) -> bool:
+        return bool(self.roles)
 
 
 class Settings(_Stored):

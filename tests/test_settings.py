@@ -837,3 +837,28 @@ def test_merge_takes_an_argument_list_whole() -> None:
     merged = merge_settings(base, ours, theirs)
     assert merged.model_overrides["m"].extra_args == ["--ctx", "8192"]
     assert merged.model_overrides["m"].parallel == 2
+
+
+def test_a_role_set_round_trips_and_an_old_run_set_loads_unchanged(cfg: Path) -> None:
+    """`RunSet.roles` (a role set's `ROLE=MODEL[:k=v]` lines) is saved and read back; a run
+    set written before the field existed loads as it was, without roles (no schema bump)."""
+    from qmgui.settings import RunSet
+
+    old = {
+        "schema_version": SCHEMA_VERSION,
+        "run_sets": [{"name": "Old", "model_ids": ["/m/a.gguf"], "future_key": 1}],
+    }
+    write(cfg / "settings.json", json.dumps(old).encode())
+    result = load_settings()
+    assert result.messages == ()
+    (legacy,) = result.settings.run_sets
+    assert (legacy.name, legacy.model_ids, legacy.roles) == ("Old", ["/m/a.gguf"], [])
+    assert not legacy.is_role_set
+    roles = ["chat=/m/a.gguf:ctx=8192,slots=2", "embed=hf:bge-small"]
+    stack = RunSet(name="Stack", model_ids=["/m/a.gguf", "hf:bge-small"], roles=roles)
+    save_settings(result.settings.model_copy(update={"run_sets": [legacy, stack]}))
+    saved = json.loads((cfg / "settings.json").read_text("utf-8"))
+    assert saved["run_sets"][0]["future_key"] == 1  # extra keys kept
+    assert saved["run_sets"][1]["roles"] == roles
+    again = load_settings().settings.run_sets
+    assert again[1] == stack and again[1].is_role_set and again[0].roles == []

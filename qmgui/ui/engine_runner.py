@@ -29,12 +29,13 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 
 from qmgui import notify
 from qmgui.core.discovery import ModelEntry
+from qmgui.core.emit import Command
 from qmgui.core.errors import EngineError
 from qmgui.core.footprint import Footprint
 from qmgui.core.readback import parse_llama_log
@@ -140,6 +141,7 @@ class Engine:
     router: RouterReading | None = None
     replan: Callable[[], EngineSpec] | None = None
     members: frozenset[str] = frozenset()  # a router's model ids (their profiles feed it)
+    group: str = ""  # the role set it was started for ("" for none)
     refresh: Callable[[], str] | None = None  # a router: write its preset again, say what did
 
     @property
@@ -264,6 +266,40 @@ class EngineRunner(QObject):
             for victim, sup in victims:
                 self._stop(victim, sup)
             self._start(engine, outcome, resolver, port)
+
+        self._spawn(f"start-{eid}", run)
+        return eid
+
+    def start_command(
+        self,
+        name: str,
+        entry: ModelEntry,
+        command: Command,
+        *,
+        port: int,
+        footprint: Footprint | None = None,
+        group: str = "",
+    ) -> int:
+        """Start a command planned elsewhere (an instance of a role set: its own argv and
+        port) on a worker thread; returns the engine's id. Restart runs the same command."""
+        eid = self._next
+        self._next += 1
+        engine = Engine(eid, name, None, footprint, busy=True, model_id=entry.id, group=group)
+        self.engines[eid] = engine
+        self.added.emit(eid)
+
+        def run() -> None:
+            try:
+                if not command.runnable:
+                    raise ValueError("; ".join(command.warnings) or "no launch command")
+                engine.spec = replace(engine_spec(command, "llama", entry, port=port), name=name)
+                self._launch(engine, engine.spec)
+            except Exception as e:  # a start that cannot happen is a message, not a crash
+                engine.error = str(e) or type(e).__name__
+                notify.error(f"{name} could not start: {engine.error}", source=SOURCE)
+            finally:
+                engine.busy = False
+                self._post(engine.id, engine.state)
 
         self._spawn(f"start-{eid}", run)
         return eid

@@ -1,10 +1,11 @@
-"""The window's "Run sets" menu: save the running models as a named set, start or stop a set,
-delete one (with undo), and the per-model actions that feed the budget and the tray (pin,
-favourite)."""
+"""The window's "Run sets" menu: save the running models as a named set, save a role set (a
+name and `ROLE=MODEL[:KEY=VALUE,...]` rows, `ui.role_set_dialog`, prefilled from the selected
+models), start or stop a set, delete one (with undo), and the per-model actions that feed the
+budget and the tray (pin, favourite)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QInputDialog, QMenu, QWidget
@@ -13,9 +14,11 @@ from qmgui import notify
 from qmgui.core.discovery import ModelEntry
 from qmgui.settings import RunSet
 from qmgui.ui.fleet import Fleet
+from qmgui.ui.role_set_dialog import AskRoles, ask_roles, check_lines, suggested_roles
 
 SOURCE = "engines"
 AskName = Callable[[QWidget, str], str | None]
+Selected = Callable[[], Sequence[ModelEntry]]
 
 
 def ask_name(parent: QWidget, suggestion: str) -> str | None:
@@ -29,17 +32,34 @@ def ask_name(parent: QWidget, suggestion: str) -> str | None:
 class RunSetsMenu(QMenu):
     """Rebuilt from the fleet each time it opens, so it always shows the saved sets."""
 
-    def __init__(self, fleet: Fleet, parent: QWidget, *, ask: AskName = ask_name) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        parent: QWidget,
+        *,
+        ask: AskName = ask_name,
+        ask_roles: AskRoles = ask_roles,
+        selected: Selected | None = None,
+    ) -> None:
         super().__init__("Run sets", parent)
         self.setObjectName("run-sets-menu")
         self.fleet = fleet
         self._ask = ask
+        self.ask_roles = ask_roles
+        # the models selected in the window (its table's, when it has one): a role set's rows
+        self._selected = selected or _table_selection(parent)
         self._parent = parent
         self._undo: RunSet | None = None
         # owned by the window, not the menu: clear() deletes the actions a menu owns
         self.save_action = QAction("Save running models as a run set…", parent)
         self.save_action.setShortcut(QKeySequence("Ctrl+Shift+S"))
         self.save_action.triggered.connect(self.save_running)
+        self.save_roles_action = QAction("Save role set…", parent)
+        self.save_roles_action.setObjectName("save-role-set")
+        self.save_roles_action.setToolTip(
+            "Chat, embed, rerank and vision engines planned together (qmgui place --role)"
+        )
+        self.save_roles_action.triggered.connect(lambda _=False: self.save_role_set())
         self.aboutToShow.connect(self.rebuild)
         self.rebuild()
 
@@ -50,6 +70,7 @@ class RunSetsMenu(QMenu):
                 sub.deleteLater()
         self.clear()
         self.addAction(self.save_action)
+        self.addAction(self.save_roles_action)
         self.save_action.setEnabled(bool(self.fleet.running_model_ids()))
         if self._undo is not None:
             undo = self.addAction(f"Undo deleting {self._undo.name}")
@@ -60,6 +81,9 @@ class RunSetsMenu(QMenu):
             self.addSeparator()
         running = set(self.fleet.running_model_ids())
         for rs in sets:
+            if rs.roles:
+                self.addMenu(self._role_set_menu(rs))
+                continue
             n_running = sum(m in running for m in rs.model_ids)
             sub = QMenu(f"{rs.name} ({n_running}/{len(rs.model_ids)} running)", self)
             sub.setObjectName(f"run-set:{rs.name}")
@@ -80,6 +104,53 @@ class RunSetsMenu(QMenu):
             delete.setObjectName("delete")
             delete.triggered.connect(lambda _=False, n=rs.name: self.delete(n))
             self.addMenu(sub)
+
+    def _role_set_menu(self, rs: RunSet) -> QMenu:
+        engines = self.fleet.role_set_engines(rs.name)
+        planning = rs.name in self.fleet.planning_role_sets
+        n = len(rs.roles)
+        state = "starting" if planning else f"{len(engines)} engine(s) running"
+        sub = QMenu(f"{rs.name} (role set of {n} role{'s' if n != 1 else ''}, {state})", self)
+        sub.setObjectName(f"run-set:{rs.name}")
+        sub.setToolTipsVisible(True)
+        start = sub.addAction("Start")
+        start.setObjectName("start")
+        start.setToolTip("Plan the roles together on this machine, then start each engine")
+        start.setEnabled(not engines and not planning)
+        start.triggered.connect(lambda _=False, n=rs.name: self.fleet.start_run_set(n))
+        stop = sub.addAction("Stop")
+        stop.setObjectName("stop")
+        stop.setEnabled(bool(engines))
+        stop.triggered.connect(lambda _=False, n=rs.name: self.fleet.stop_run_set(n))
+        edit = sub.addAction("Edit…")
+        edit.setObjectName("edit")
+        edit.triggered.connect(lambda _=False, r=rs: self.save_role_set(r.name, list(r.roles)))
+        sub.addSeparator()
+        for line in rs.roles:
+            shown = sub.addAction(line)
+            shown.setEnabled(False)
+        sub.addSeparator()
+        delete = sub.addAction("Delete")
+        delete.setObjectName("delete")
+        delete.triggered.connect(lambda _=False, n=rs.name: self.delete(n))
+        return sub
+
+    def save_role_set(self, name: str = "", roles: list[str] | None = None) -> RunSet | None:
+        """Ask for a name and role rows (prefilled from the selected models), then save."""
+        if roles is None:
+            roles = suggested_roles(self._selected()) or ["chat="]
+        name = name or f"Roles {len(self.fleet.run_sets()) + 1}"
+        answer = self.ask_roles(self._parent, name, roles, check_lines)
+        if answer is None:
+            return None
+        try:
+            rs = self.fleet.save_role_set(*answer)
+        except ValueError as e:
+            notify.error(f"role set not saved: {e}", source=SOURCE)
+            return None
+        notify.info(f"Saved role set {rs.name}: {len(rs.roles)} role(s)", source=SOURCE)
+        self.rebuild()
+        return rs
 
     def save_running(self) -> RunSet | None:
         ids = self.fleet.running_model_ids()
@@ -107,6 +178,18 @@ class RunSetsMenu(QMenu):
             notify.info(f"Run set {self._undo.name} is back", source=SOURCE)
             self._undo = None
         self.rebuild()
+
+
+def _table_selection(parent: QWidget) -> Selected:
+    """The selected models of `parent`'s model table (none when it has no table)."""
+
+    def selected() -> Sequence[ModelEntry]:
+        table = getattr(parent, "table", None)
+        pick = getattr(table, "selected_entries", None)
+        found = pick() if callable(pick) else []
+        return [e for e in found if isinstance(e, ModelEntry)]
+
+    return selected
 
 
 class ModelActions:
