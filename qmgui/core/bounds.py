@@ -151,8 +151,8 @@ def compute_bound(meta: ModelMeta, r: Resolved, *, embeddings: bool) -> int:
 def compute_bound_why(reason: str) -> str:
     return (
         f"{reason}; charged as an upper bound from the graph's largest tensors (a layer's "
-        "matmul outputs, the attention scores over the cache, the logits), never below a "
-        "measured buffer"
+        "matmul outputs, the attention over the cache, the logits), at or above every buffer "
+        "measured on llama.cpp b11434's architectures"
     )
 
 

@@ -37,17 +37,22 @@ ENGINES = [
 PRINTED = 5243  # bytes: the engine prints MiB with two decimals
 
 
-@pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+@pytest.fixture(scope="module", params=["gemma3", "mlp"])
+def files(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Path]:
+    """The tiny gemma3 model and a projector: gemma3's (SigLIP, pooled) or LLaVA's (CLIP
+    with a class token, the two-layer MLP), wide enough that the printed MiB says something:
+    1024 patches of a 128-wide encoder with 8 heads."""
     from tests.synth._mmproj import write_mmproj
     from tests.synth.factory import PRESETS, write_gguf
 
-    d = tmp_path_factory.mktemp("projector")
+    kind = str(request.param)
+    d = tmp_path_factory.mktemp(f"projector-{kind}")
     model = write_gguf(d / "tiny-gemma3.gguf", PRESETS["gemma3"])
-    # wide enough that the printed MiB says something: 1024 patches of a 128-wide encoder
     proj = write_mmproj(
-        d / "mmproj-tiny-gemma3.gguf", image_size=448, patch_size=14, n_embd=128, n_ff=512,
-        n_head=8, n_layer=3,
+        d / "mmproj-tiny-gemma3.gguf", projector_type=kind, image_size=448, patch_size=14,
+        n_embd=128, n_ff=512, n_head=8, n_layer=3,
     )  # fmt: skip
     return model, proj
 
