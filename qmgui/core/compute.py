@@ -35,7 +35,8 @@ install, and its totals match every measured `sched_reserve: CPU compute buffer 
 tests/core/fixtures/compute/ to the printed 0.01 MiB. Architectures without a layout of their
 own get the dense layout (driven by which optional tensors the GGUF has) times
 GENERIC_MARGIN, unless they have recurrent, latent-attention or encoder layers, which the
-dense layout cannot stand for: those raise SizingError.
+dense layout cannot stand for, or are known to outgrow it (_NO_LAYOUT): those raise
+SizingError, and the plan charges an upper bound instead (core.bounds.compute_bound).
 """
 
 from __future__ import annotations
@@ -2086,7 +2087,7 @@ def _reserve_shapes(r: Resolved, embeddings: bool) -> list[_Shape]:
 
 # What a graph built from a header's numbers can raise when those numbers contradict each other
 # in a way no check foresaw (a zero group count divides a width, a negative shape indexes
-# nothing): the model's compute buffer is then "not estimated", never a crash of the plan.
+# nothing): the plan then charges an upper bound for it (core.bounds), never a crash.
 GRAPH_FAULTS = (ArithmeticError, ValueError, IndexError, KeyError)
 # The deepest graph replayed: 2x the deepest real model (~130 layers). A replay costs a few ms
 # a layer when layers differ, so a header at llama.cpp's 512-layer limit with every layer
