@@ -85,6 +85,23 @@ def test_models_from_the_configured_roots(models: Path) -> None:
     doc = yaml.safe_load(out)
     assert set(doc["models"]) == {"synth-gemma3", "qwen3moe", "hf-llama"}
     assert doc["models"]["hf-llama"]["cmd"].startswith("vllm\nserve ")
+    # the vLLM entry takes tools (a parser from its architecture) and says why above it
+    assert doc["models"]["hf-llama"]["metadata"] == {"capabilities": {"tools": True}}
+    assert "metadata" not in doc["models"]["qwen3moe"]  # a llama-server entry: not advertised
+    above = out[: out.index("  hf-llama:")].rsplit("  # estimated VRAM:", 1)[1]
+    assert "# max-model-len: " in above and "# gpu-memory-utilization: " in above
+    assert "# KV pool: " in above and "# tool-call parser: from the architecture" in above
+
+
+def test_llama_swap_says_when_a_vllm_model_takes_no_tools(models: Path) -> None:
+    no_tools = {"tool_call_parser": "none"}
+    save_settings(Settings(model_overrides={str(models / "hf-llama"): no_tools}))
+    code, out, err = run("llama-swap", str(models / "hf-llama"), "--gpu", "24GiB")
+    assert code == 0, err
+    doc = yaml.safe_load(out)
+    assert "metadata" not in doc["models"]["hf-llama"]
+    assert "  # tool-call parser: tool calling turned off\n" in out
+    assert "  # no tool-call parser: vLLM answers requests that carry tools with an error" in out
 
 
 def test_nothing_to_export() -> None:

@@ -156,6 +156,7 @@ def _llama_swap(
                 check_endpoint=emitted.health if emitted else "/health",
                 ttl=args.ttl,
                 comments=emitted.comments if emitted else (),
+                tools=bool(emitted and emitted.vllm and emitted.vllm.tool_calling),
             )
         )
     return render_llama_swap(

@@ -25,7 +25,7 @@ from qmgui.core.emit import sd as emit_sd
 from qmgui.core.emit import vllm as emit_vllm
 from qmgui.core.emit import whisper as emit_whisper
 from qmgui.core.errors import SizingError
-from qmgui.core.export import footprint_comment, vllm_comment
+from qmgui.core.export import footprint_comment, vllm_comment, vllm_reasons
 from qmgui.core.fit import Budget, check
 from qmgui.core.footprint import Gpu
 from qmgui.core.launch import LaunchSettings
@@ -428,6 +428,8 @@ def _vllm(
     comments = [vllm_comment(plan)] if cmd.runnable else []
     if cmd.runnable and not plan.fits:
         comments.append(f"does not fit: {plan.reason}")
+    if cmd.runnable:
+        comments += vllm_reasons(plan, entry.meta)
     return cmd, comments, plan
 
 

@@ -15,7 +15,7 @@ from qmgui.core.discovery import ModelEntry, entry_for_path
 from qmgui.core.emit import PORT_MACRO, Command, DevicePin
 from qmgui.core.emit.llama import emit_llama
 from qmgui.core.emit.vllm import emit_vllm
-from qmgui.core.export import ExportError, footprint_comment, vllm_comment
+from qmgui.core.export import ExportError, footprint_comment, vllm_comment, vllm_reasons
 from qmgui.core.export.llama_swap import (
     SwapGroup,
     SwapModel,
@@ -27,7 +27,7 @@ from qmgui.core.fit import Budget, check, gpus_from_sizes
 from qmgui.core.launch import LaunchSettings
 from qmgui.core.placement import place
 from qmgui.core.units import GIB
-from qmgui.core.vllm import plan_vllm
+from qmgui.core.vllm import VllmPins, plan_vllm
 from tests.core.test_emit_llama import assert_golden
 from tests.core.test_placement import cards, req, toy
 from tests.core.test_shell import windows_split
@@ -162,6 +162,11 @@ def swap_models(models: Path) -> list[SwapModel]:
     assert hf.meta is not None and split.meta is not None
     hf_plan = plan_vllm(hf.meta, gpu_total_bytes=24 * GIB, budget_bytes=22 * GIB)
     split_plan = plan_vllm(split.meta, gpu_total_bytes=None, budget_bytes=None, is_split_gguf=True)
+    assert moe.meta is not None
+    moe_plan = plan_vllm(  # tool calling turned off: no tools advertised, and the reason said
+        moe.meta, gpu_total_bytes=24 * GIB, budget_bytes=22 * GIB,
+        pins=VllmPins(tool_call_parser="none"),
+    )
     return [
         SwapModel(
             id="gemma3",
@@ -182,7 +187,14 @@ def swap_models(models: Path) -> list[SwapModel]:
             id="hf-llama",
             command=emit_vllm(hf, hf_plan, executable="vllm", port=PORT_MACRO),
             ttl=300,
-            comments=(vllm_comment(hf_plan),),
+            comments=(vllm_comment(hf_plan), *vllm_reasons(hf_plan, hf.meta)),
+            tools=hf_plan.tool_calling,
+        ),
+        SwapModel(
+            id="qwen3moe-on-vllm",
+            command=emit_vllm(moe, moe_plan, executable="vllm", port=PORT_MACRO),
+            comments=(vllm_comment(moe_plan), *vllm_reasons(moe_plan, moe.meta)),
+            tools=moe_plan.tool_calling,
         ),
         SwapModel(
             id="split-on-vllm",
@@ -201,7 +213,16 @@ def test_golden_config_reads_back_and_follows_the_schema(models: Path) -> None:
     assert_golden("llama_swap.yaml", result.text, models)
     doc = yaml.safe_load(result.text)
     check_schema(doc)
-    assert set(doc["models"]) == {"gemma3", "qwen3moe", "hf-llama"}
+    assert set(doc["models"]) == {"gemma3", "qwen3moe", "hf-llama", "qwen3moe-on-vllm"}
+    # a vLLM launch with a tool-call parser is advertised as taking tools; the others are not
+    assert doc["models"]["hf-llama"]["metadata"] == {"capabilities": {"tools": True}}
+    assert all("metadata" not in doc["models"][m] for m in ("gemma3", "qwen3moe-on-vllm"))
+    # the reasons above each vLLM entry (reference 000: context, utilization, KV pin, parser)
+    assert "  # max-model-len: " in result.text
+    assert "  # gpu-memory-utilization: " in result.text
+    assert "  # KV pool: " in result.text and "pinned" in result.text
+    assert "  # tool-call parser: tool calling turned off" in result.text
+    assert "  # no tool-call parser: vLLM answers requests that carry tools" in result.text
     gemma = doc["models"]["gemma3"]
     assert gemma["env"] == ["CUDA_VISIBLE_DEVICES=0,1"] or "--device" in gemma["cmd"]
     assert gemma["ttl"] == 600 and gemma["aliases"] == ["gpt-4o-mini", "vision"]

@@ -22,6 +22,7 @@ from typing import TypeAlias
 from qmgui.core.emit import PORT_MACRO, flag_head
 from qmgui.core.errors import QmguiError
 from qmgui.core.footprint import CPU, Footprint
+from qmgui.core.meta import ModelMeta
 from qmgui.core.textsafe import printable
 from qmgui.core.units import format_bytes
 from qmgui.core.vllm import VllmPlan
@@ -74,6 +75,27 @@ def vllm_comment(plan: VllmPlan) -> str:
         f"estimated VRAM: {format_bytes(plan.charge_bytes)}{gpus} (vLLM, max-model-len "
         f"{plan.max_model_len}, gpu-memory-utilization {plan.gpu_memory_utilization:g})"
     )
+
+
+def vllm_reasons(plan: VllmPlan, meta: ModelMeta | None = None) -> list[str]:
+    """The reasons behind a vLLM launch, a line each, for the comment above its entry
+    (reference 000): what the model is (architecture, weights, format), why the context and
+    the utilization are what they are, the KV pool, the tool-call parser (and, without one,
+    that vLLM refuses requests carrying tools), and the plan's other notes."""
+    lines: list[str] = []
+    if meta is not None:
+        fmt = "GGUF" if meta.format == "gguf" else "safetensors (Hugging Face folder)"
+        lines.append(
+            f"model: {meta.architecture}, {format_bytes(meta.weight_bytes)} of weights, {fmt}"
+        )
+    if plan.kv_cache_memory_bytes is not None:
+        lines.append(f"KV pool: {format_bytes(plan.kv_cache_memory_bytes)} pinned")
+    else:
+        lines.append("KV pool: not pinned, vLLM fills its share with KV blocks")
+    lines += plan.notes
+    if not plan.tool_calling:
+        lines.append("no tool-call parser: vLLM answers requests that carry tools with an error")
+    return lines
 
 
 def comment_lines(text: str) -> list[str]:

@@ -29,11 +29,15 @@ name or alias that holds a macro is left out, a model id llama-swap would read a
 `--hf-token` is written `"${env.QMGUI_API_KEY}"` / `"${env.HF_TOKEN}"`: llama-swap fills it from
 its own environment when it loads the config (and refuses to start while it is unset).
 
-Each model's estimated VRAM is written as a comment above it. `render_run_set` writes the run
-set of a placement (`core.placement`): each model's command carries its cards and split, and
-models that share cards are a group that runs together (`swap: false`, `exclusive: false`),
-preloaded at start (`hooks.on_startup.preload`). `proxy` names 127.0.0.1 because
-the engines listen on loopback only (`localhost` may resolve to ::1 first).
+Each model's estimated VRAM is written as a comment above it (for a vLLM launch, with the
+reasons behind its context, utilization, KV pool and tool-call parser), and a model that takes
+tools (`SwapModel.tools`: a vLLM launch with a tool-call parser) is advertised with
+`metadata: {capabilities: {tools: true}}`, which llama-swap passes through to `/v1/models`.
+`render_run_set` writes the run set of a placement (`core.placement`): each model's command
+carries its cards and split, and models that share cards are a group that runs together
+(`swap: false`, `exclusive: false`), preloaded at start (`hooks.on_startup.preload`). `proxy`
+names 127.0.0.1 because the engines listen on loopback only (`localhost` may resolve to ::1
+first).
 """
 
 from __future__ import annotations
@@ -100,6 +104,8 @@ class SwapModel:
     unlisted: bool = False
     name: str | None = None  # display name in /v1/models
     comments: tuple[str, ...] = ()  # written above the entry (the VRAM estimate)
+    # the model takes `tools` (a vLLM launch with a tool-call parser): advertised in /v1/models
+    tools: bool = False
 
 
 @dataclass(frozen=True)
@@ -269,6 +275,10 @@ def _entry(model: SwapModel, name: str | None, aliases: list[str], cmd: str) -> 
     entry["env"] = [f"{k}={v}" for k, v in model.command.env.items()]
     entry["aliases"] = aliases
     entry["unlisted"] = model.unlisted
+    if model.tools:
+        # llama-swap has no capabilities key; `metadata` is what it passes through as it is in
+        # each model's /v1/models record, so a client can tell a model that takes tools
+        entry["metadata"] = {"capabilities": {"tools": True}}
     return entry
 
 
