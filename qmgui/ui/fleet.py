@@ -399,13 +399,15 @@ class Fleet(QObject):
             notify.info(f"role set {name} runs already (Stop it first)", source=SOURCE)
             return
         hw = self.plan_hardware(self._hardware())
+        resolver = self._resolver()
         opts = RoleSetOptions(
             gpus=hw.gpus,
             reserve=self._reserve() * MIB,
             host_bytes=None if hw.gpus else hw.host_bytes,
+            probe=resolver.probe,
             source=SOURCE,
         )
-        loaded = self._resolver().loaded
+        loaded = resolver.loaded
         by_id = {e.id: e for e in self._entries()}
         settings = self._load()
         held = {p for e in self.runner.running() if (p := _port_of(e)) is not None}
