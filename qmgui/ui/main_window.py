@@ -1338,10 +1338,9 @@ class MainWindow(QMainWindow):
     def _update_tray_lists(self) -> None:
         if self.tray is None:
             return
-        running = set(self.fleet.running_model_ids())
         self.tray.set_offers(
             self.fleet.favourites(),
-            [(r.name, any(m in running for m in r.model_ids)) for r in self.fleet.run_sets()],
+            [(r.name, self.fleet.is_running(r)) for r in self.fleet.run_sets()],  # role sets too
         )
 
     def _hw_words(self) -> str:
