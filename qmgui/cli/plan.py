@@ -39,13 +39,14 @@ from qmgui.core.launch import (
     MAX_SEQ,
     LaunchSettings,
 )
-from qmgui.core.meta import MAX_CONTEXT, ModelClass, ModelMeta
+from qmgui.core.meta import MAX_CONTEXT, ModelClass
 from qmgui.core.profile import apply_profile, vllm_pins
 from qmgui.core.units import format_bytes, parse_size
 from qmgui.hw.host import read_ram
 from qmgui.hw.profiles import lookup
 from qmgui.service.devices import device_engine, read_machine
 from qmgui.service.disk import disk_advice
+from qmgui.service.projector import projector_meta
 
 EXIT_OK = 0  # the launch fits
 EXIT_NO_FIT = 1  # it does not fit (the nearest setting that fits is printed, when one does)
@@ -604,15 +605,6 @@ def _nearest_json(result: FitResult, near: LaunchSettings | None) -> dict[str, A
         "args": args,
         "summary": ", ".join(changes) or "the same settings",
     }
-
-
-def projector_meta(entry: ModelEntry) -> ModelMeta | None:
-    """The vision projector a scan pairs with the model (loaded beside it: its weights and
-    compute buffer are in the plan), or None."""
-    if not entry.mmproj:
-        return None
-    proj = entry_for_path(entry.mmproj)
-    return proj.meta if proj.meta is not None and not proj.error else None
 
 
 def _plan_json(result: FitResult) -> dict[str, object]:

@@ -1207,7 +1207,7 @@ class MainWindow(QMainWindow):
         elif fit.fits:
             r = fit.footprint.settings
             self.memory.set_verdict(
-                f"Fits {self._hw_words()}: {r.n_ctx:,} tokens in {r.n_seq} "
+                f"{fit.verdict.capitalize()} {self._hw_words()}: {r.n_ctx:,} tokens in {r.n_seq} "
                 f"slot{'s' if r.n_seq != 1 else ''}, KV {r.cache_type_k}/{r.cache_type_v}, "
                 f"flash attention {'on' if r.flash_attn else 'off'}, "
                 f"{fit.footprint.n_gpu_layers} layers on GPU."

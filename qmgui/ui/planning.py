@@ -44,6 +44,7 @@ from qmgui.service.launch import (
     emit_model,
     missing_engine,
 )
+from qmgui.service.projector import projector_meta
 from qmgui.ui.hardware import Hardware
 from qmgui.ui.occupancy import gpu_index
 
@@ -127,12 +128,13 @@ def fit_badge(
     ctx = badge_context(entry)
     settings = LaunchSettings(ctx_size=ctx)
     budget = replace(budget_for(hw, reserve_mib), rules=rules)
+    proj = projector_meta(entry)  # loaded beside the model: its weights and compute count
     try:
-        result = check(entry.meta, settings, budget)
+        result = check(entry.meta, settings, budget, mmproj=proj)
         if result.fits:
             where = "the GPU" if len(hw.gpus) == 1 else "the GPUs" if hw.gpus else "host memory"
             return BadgeResult(Badge.FITS, f"{ctx} tokens fit in {where} ({hw.summary})")
-        offload = offload_for_context(entry.meta, settings, budget)
+        offload = offload_for_context(entry.meta, settings, budget, mmproj=proj)
     except SizingError as e:
         return BadgeResult(Badge.NOT_PLANNED, str(e))
     if offload.fits and offload.nearest is not None:
@@ -234,11 +236,14 @@ def plan_model(
     sized_settings, disk = disk_advice(entry, settings, given)  # a network disk: --no-mmap
     if plannable(entry):
         assert entry.meta is not None
+        proj = projector_meta(entry)  # loaded beside the model (--mmproj): charged too
         try:
-            fit = noted(check(entry.meta, sized_settings, budget), disk.note, disk.warning)
+            fit = check(entry.meta, sized_settings, budget, mmproj=proj)
+            fit = noted(fit, disk.note, disk.warning)
             fit = noted(fit, rules_note)
             if not fit.fits:
-                fit = replace(fit, nearest=nearest_fit(entry.meta, sized_settings, budget))
+                near = nearest_fit(entry.meta, sized_settings, budget, mmproj=proj)
+                fit = replace(fit, nearest=near)
         except SizingError as e:
             error = str(e)
     else:
@@ -312,4 +317,5 @@ def fit_context(
     if not plannable(entry):
         return None
     assert entry.meta is not None
-    return max_context(entry.meta, settings, budget_for(on_gpus(hw, gpu_subset), reserve_mib))
+    budget = budget_for(on_gpus(hw, gpu_subset), reserve_mib)
+    return max_context(entry.meta, settings, budget, mmproj=projector_meta(entry))
