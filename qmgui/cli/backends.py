@@ -328,6 +328,10 @@ def _probed(b: Backend) -> Backend:
     from qmgui.engines.probe import probe  # noqa: PLC0415 - runs the binary: only when asked
 
     result = probe(b.executable, kind=b.kind, timeout_s=PROBE_TIMEOUT_S)
+    if b.kind == "llama":  # what plan and place keep of its --list-devices is this now
+        from qmgui.service.devices import remember  # noqa: PLC0415 - after a probe only
+
+        remember(b.executable, result)
     if not result.ok:
         notify.warning(f"probing {b.executable} failed: {result.summary()}", source=SOURCE)
         return b

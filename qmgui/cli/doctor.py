@@ -299,6 +299,10 @@ def _backend(
         data["status"] = status
         return data, [Finding("backends", status, text.strip(), fix)]
     result = prober(entry.executable, kind=entry.kind, timeout_s=timeout_s)
+    if entry.kind == "llama":  # the fresh answer replaces the one plan and place keep
+        from qmgui.service.devices import remember  # noqa: PLC0415 - llama entries only
+
+        remember(entry.executable, result, host=host)
     data["probe"] = result.to_json()
     finding = _probe_finding("backends", label, result)
     findings = [finding, *_devices_findings(label, entry, result, host)]

@@ -9,8 +9,15 @@ is believed, a listing of no devices included (a CPU build on a desktop with a G
 the CPU whatever the drivers say), except that it is asked again, twice, a second apart, when
 the host has a discrete GPU it did not list: a driver still starting up answers empty.
 
-Nothing is kept between calls: the command line reads the machine once per run (`cli.plan.
-local_machine` keeps it on the run's arguments), so a GPU added between runs is seen.
+The engine's answer is kept between commands in qmgui's cache folder (`service.device_cache`:
+a listing for `LISTED_TTL_S`, a build that could not be asked for `FAILURE_TTL_S`, a listing
+that leaves out a discrete GPU the host has, after the retries, for `UNSEEN_TTL_S`), keyed by
+the binary, the visibility variables and the host's GPU set, so a GPU added between runs is a
+new key and is seen. Free memory is always the host's reading now. `fresh=True` asks the
+engine whatever is kept (and keeps the new answer); `remember` keeps what a probe of a build
+just learned (`qmgui backends add`, the window's backend editor, `qmgui doctor`). Within one
+run the command line reads the machine once (`cli.plan.local_machine` keeps it on the run's
+arguments).
 """
 
 from __future__ import annotations
@@ -22,19 +29,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from qmgui.core.devices import HostGpu, Machine, merge, unseen_warning
-from qmgui.core.probe import ARG_LIST_DEVICES, EngineDevice, parse_devices
+from qmgui.core.probe import ARG_LIST_DEVICES, EngineDevice, ProbeResult, parse_devices
 from qmgui.hw.gpus import host_gpus
 from qmgui.hw.nvml import NvmlReading
 
 if TYPE_CHECKING:
     from qmgui.core import backends as registry
     from qmgui.engines.probe import Runner
+    from qmgui.service.device_cache import DeviceCache
 
 __all__ = [
     "RETRIES",
     "RETRY_DELAY_S",
     "device_engine",
     "read_machine",
+    "remember",
     "stored_listing",
 ]
 
@@ -79,6 +88,7 @@ def device_engine(
     """The llama-server build whose `--list-devices` says which devices exist: `backend_arg`
     (an id or a path), else the ★ llama-server for chat models, else the first one."""
     from qmgui.core import backends as registry  # noqa: PLC0415 - plans with --gpu need none
+
     if backend_arg:
         named = registry.find_backend(backends, backend_arg)
         if named is None:
@@ -112,6 +122,8 @@ def read_machine(
     engine: DeviceEngine | None,
     *,
     probe_engine: bool = True,
+    fresh: bool = False,
+    cache: DeviceCache | None = None,
     runner: Runner | None = None,
     nvml: Any = None,
     drm_root: str | None = None,
@@ -122,23 +134,43 @@ def read_machine(
 ) -> Machine:
     """This machine's devices (see the module docstring). `probe_engine` False: the build's
     listing from when it was registered, not a new one (commands for another machine).
-    `runner`, `nvml`, `drm_root`, `reading`, `env` and `sleep` are the seams tests use."""
+    `fresh`: ask the engine even when an answer is kept. `cache` (default: the one in
+    qmgui's cache folder), `runner`, `nvml`, `drm_root`, `reading`, `env` and `sleep` are the
+    seams tests use."""
     host = host_gpus(nvml=nvml, drm_root=drm_root, reading=reading)
     if engine is None:
         return Machine("host", host=host)
     exe = engine.executable
+    environ = os.environ if env is None else env
+    kept_for: str | None = None  # a failure read from the cache: how old, for the note
     if probe_engine:
-        listed, why = _ask(exe, runner, timeout_s)
-        for _ in range(RETRIES):
-            if listed is None or listed or not _has_card(host):
-                break
-            sleep(RETRY_DELAY_S)  # a driver still starting up answers with no devices
+        from qmgui.service import device_cache  # noqa: PLC0415 - only when a build is asked
+
+        store = cache if cache is not None else device_cache.DeviceCache()
+        key = device_cache.entry_key(exe, host, environ)
+        kept = None if key is None or fresh else store.get(key, host)
+        if kept is not None:
+            listed, why = kept.listed, kept.why
+            age = max(store.clock() - kept.at, 0.0)
+            kept_for = (
+                f"the answer of {age:.0f} s ago, kept {device_cache.FAILURE_TTL_S:g} s: "
+                "qmgui doctor asks again now"
+            )
+        else:
             listed, why = _ask(exe, runner, timeout_s)
+            for _ in range(RETRIES):
+                if listed is None or listed or not _has_card(host):
+                    break
+                sleep(RETRY_DELAY_S)  # a driver still starting up answers with no devices
+                listed, why = _ask(exe, runner, timeout_s)
+            if key is not None:
+                store.put(key, exe, listed, why, host)
     else:  # commands for another machine, maybe: what the build listed when registered
         listed, why = engine.stored, None
     if listed is None:
+        said_why = why if kept_for is None else f"{why}; {kept_for}"
         notes: tuple[str, ...] = () if why is None else (
-            f"could not read {exe} {ARG_LIST_DEVICES} ({why}); planning for the GPUs the "
+            f"could not read {exe} {ARG_LIST_DEVICES} ({said_why}); planning for the GPUs the "
             "drivers report",
         )  # fmt: skip
         return Machine("host", host=host, engine=exe, notes=notes)
@@ -152,9 +184,7 @@ def read_machine(
         said.append(
             "every GPU the engine offered was refused: its models run on the CPU (--device none)"
         )
-    warning = unseen_warning(
-        machine, os.environ if env is None else env, vulkan=engine.variant == "vulkan"
-    )
+    warning = unseen_warning(machine, environ, vulkan=engine.variant == "vulkan")
     if warning:
         said.append(warning)
     return Machine(machine.source, machine.devices, host, exe, tuple(said))
@@ -162,3 +192,36 @@ def read_machine(
 
 def _has_card(host: Sequence[HostGpu]) -> bool:
     return any(not g.integrated for g in host)
+
+
+def remember(
+    executable: str,
+    result: ProbeResult,
+    *,
+    host: Sequence[HostGpu] | None = None,
+    env: Mapping[str, str] | None = None,
+    cache: DeviceCache | None = None,
+) -> None:
+    """Keep what a probe of `executable` just learned (`qmgui backends add`, the window's
+    backend editor, `qmgui doctor`) as this host's answer, so the next command does not ask
+    again and does not use an older one: a listing, or the probe's failure. Anything else
+    drops the entry, so the next read asks: no listing (the probe's `--list-devices` run
+    may have failed alone), or a listing that leaves out a discrete GPU the host has (asked
+    again there, with the retries). `result` is a probe of a llama-server build. `host`
+    (default: read now), `env` and `cache` are seams. Never raises."""
+    from qmgui.service import device_cache  # noqa: PLC0415 - only after a probe
+
+    host = host_gpus() if host is None else host
+    key = device_cache.entry_key(executable, host, os.environ if env is None else env)
+    if key is None:
+        return
+    store = cache if cache is not None else device_cache.DeviceCache()
+    listed = result.devices if result.devices_listed else None
+    why = None if result.failure is None or listed is not None else str(result.failure)
+    answer = device_cache.Answer(listed, why, store.clock())
+    if why is not None or (
+        listed is not None and device_cache.ttl_of(answer, host) >= device_cache.LISTED_TTL_S
+    ):
+        store.put(key, executable, listed, why, host)
+    else:  # no listing (a run of it may have failed), or one read_machine would ask again
+        store.drop(key)

@@ -104,7 +104,12 @@ Prober = Callable[[str, str], ProbeResult]
 def _default_prober(executable: str, kind: str) -> ProbeResult:
     from qmgui.engines.probe import probe  # noqa: PLC0415 - runs the binary: only when asked
 
-    return probe(executable, kind=kind, timeout_s=PROBE_TIMEOUT_S)
+    result = probe(executable, kind=kind, timeout_s=PROBE_TIMEOUT_S)
+    if kind == "llama":  # what plan and place keep of its --list-devices is this now
+        from qmgui.service.devices import remember  # noqa: PLC0415 - after a probe only
+
+        remember(executable, result)
+    return result
 
 
 def probe_report(result: ProbeResult) -> str:
