@@ -266,3 +266,23 @@ def test_vllm_plan_and_preview_take_the_reserve_alike(tmp_path: Path) -> None:
     # a vLLM budget (given or saved) is the budget: the reserve does not come off it
     for command in ("plan", "preview"):
         assert max_model_len(command, "--reserve", "2GiB", "--vllm-budget", "7GiB") == 20480
+
+
+def test_vllm_tensor_parallel_is_every_gpu_planned_for(tmp_path: Path) -> None:
+    from tests.synth.factory import write_hf_folder
+
+    folder = str(write_hf_folder(tmp_path / "TinyChat"))
+
+    def planned(*gpus: str) -> dict[str, object]:
+        code, out, err = run("plan", folder, *gpus, "--json")
+        assert code == 0, err
+        return json.loads(out)  # type: ignore[no-any-return]
+
+    one = planned("--gpu", "24GiB")
+    assert one["tensor_parallel"] == 1 and "--tensor-parallel-size" not in one["args"]
+    two = planned("--gpu", "2x24GiB")
+    assert two["tensor_parallel"] == 2
+    args = two["args"]
+    assert isinstance(args, list) and args[args.index("--tensor-parallel-size") + 1] == "2"
+    pinned = planned("--gpu", "2x24GiB", "-tp", "1")  # -tp pins it
+    assert pinned["tensor_parallel"] == 1

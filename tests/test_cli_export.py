@@ -22,7 +22,7 @@ import yaml
 
 from qmgui.cli import main
 from qmgui.engines.llama_run import find_llama_server, free_port
-from qmgui.settings import Settings, save_settings
+from qmgui.settings import BackendEntry, Settings, save_settings
 from tests.core.test_export_llama_swap import check_schema, swap_argv
 from tests.core.test_export_models_ini import read_ini
 from tests.synth.factory import PRESETS, write_gguf, write_hf_folder, write_mmproj
@@ -87,6 +87,7 @@ def test_models_from_the_configured_roots(models: Path) -> None:
     assert doc["models"]["hf-llama"]["cmd"].startswith("vllm\nserve ")
     # the vLLM entry takes tools (a parser from its architecture) and says why above it
     assert doc["models"]["hf-llama"]["metadata"] == {"capabilities": {"tools": True}}
+    assert doc["models"]["hf-llama"]["checkEndpoint"] == "/health"  # vLLM's OpenAI server
     assert "metadata" not in doc["models"]["qwen3moe"]  # a llama-server entry: not advertised
     above = out[: out.index("  hf-llama:")].rsplit("  # estimated VRAM:", 1)[1]
     assert "# max-model-len: " in above and "# gpu-memory-utilization: " in above
@@ -229,3 +230,25 @@ def test_the_real_router_loads_the_exported_presets(models: Path, tmp_path: Path
             return any(m["id"] == "synth-gemma3" and m["status"]["value"] == "loaded" for m in data)
 
         _wait(loaded, timeout=60)
+
+
+def test_an_upscale_engine_lives_only_in_the_registry(models: Path) -> None:
+    """Reference 001: an upscaler (or a SAM or TRELLIS server) is stored so whoever runs it per
+    request can read its path; adding one never changes the generated config."""
+    argv = ("llama-swap", str(models / "qwen3moe.gguf"), "--gpu", "24GiB", "--no-probe")
+    before = run(*argv)
+    assert before[0] == 0
+    upscaler = BackendEntry(
+        id="esrgan", kind="Real-ESRGAN", executable="/opt/realesrgan-ncnn-vulkan",
+        default_for=["upscale"],
+    )  # fmt: skip
+    sam = BackendEntry(id="sam", kind="sam3", executable="/opt/sam3-server")
+    save_settings(Settings(backends=[upscaler, sam]))
+    assert run(*argv) == before
+    out = io.StringIO()
+    assert main(["backends", "list", "--json"], out=out, err=io.StringIO()) == 0
+    listed = json.loads(out.getvalue())
+    assert [(b["id"], b["kind"], b["executable"], b["serves"]) for b in listed] == [
+        ("esrgan", "realesrgan", "/opt/realesrgan-ncnn-vulkan", ["upscale"]),
+        ("sam", "sam", "/opt/sam3-server", ["segment"]),
+    ]

@@ -252,6 +252,13 @@ class Backend:
         return model_class in self.served_classes
 
     @property
+    def registry_only(self) -> bool:
+        """Whether this entry serves only `REGISTRY_ONLY_CLASSES` (an upscaler, a SAM or
+        TRELLIS server): it runs no discovered model, so it changes no plan or export."""
+        served = self.served_classes
+        return bool(served) and served <= REGISTRY_ONLY_CLASSES
+
+    @property
     def families(self) -> frozenset[str]:
         """The model families this entry serves, lower-case (from `family`, comma-separated)."""
         if not self.family:

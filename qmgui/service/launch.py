@@ -130,7 +130,9 @@ class Resolver:
             if named is not None:
                 return self._from_backend(named, "named with --backend")
             return self._from_path(entry, self.backend_arg, backends)
-        if not backends:
+        if all(b.registry_only for b in backends):
+            # none, or only engines that run no model file (an upscaler): the usual engine,
+            # so adding an upscale entry never changes a command or an export (reference 001)
             kind = self.engine or kind_for(entry)
             exe = default_executable(kind)
             return self._probed_target(Target(kind, exe, None, f"no backends registered: {exe}"))

@@ -677,3 +677,7 @@ def test_registry_only_classes_take_entries_and_stars() -> None:
     for model_class in ("llm", "embedding", "rerank", "image", "tts", "asr"):
         assert not any(b.serves(model_class) for b in (sam, esrgan, trellis))
     assert resolve_backend(model(), starred).backend == LLAMA_STAR
+    assert all(b.registry_only for b in (sam, esrgan, trellis))
+    assert be("u", "custom", classes={"upscale"}).registry_only
+    assert not be("u", "custom", classes={"upscale", "image"}).registry_only
+    assert not LLAMA.registry_only and not CUSTOM_NONE.registry_only  # serves nothing: no

@@ -689,3 +689,18 @@ def test_budget_per_gpu_is_the_pinned_budget_else_free_memory_less_the_reserve()
     # what is not a budget (a hand-edited profile) reads as none
     for junk in (0, -1, True, "7GiB", 7.5):
         assert budget_per_gpu(junk, available=8 * GIB, reserve=0) == 8 * GIB
+
+
+def test_a_budget_above_the_card_is_capped_at_95_percent() -> None:
+    # a 40 GiB budget on a 24 GiB card: the share is 0.95 × 24 GiB, as with no budget at all
+    capped = plan(meta(), budget_bytes=40 * GIB)
+    assert capped.breakdown is not None and capped.breakdown.budget is not None
+    assert capped.breakdown.budget.nbytes == 24 * GIB * 95 // 100
+    assert capped.breakdown.budget.source == "budget, capped at 0.95 × card"
+    assert capped.max_model_len == plan(meta(), budget_bytes=None).max_model_len
+    assert capped.gpu_memory_utilization <= 0.95
+    # a pinned window past the cap does not fit, and says so, rather than asking for more
+    over = plan(meta(), budget_bytes=40 * GIB, pins=VllmPins(max_model_len=131072))
+    assert not over.fits
+    assert over.reason is not None and "the budget allows 22.8 GiB" in over.reason
+    assert over.gpu_memory_utilization == 0.95  # the flag never passes the ceiling

@@ -62,3 +62,15 @@ def test_an_empty_registry_falls_back_to_the_kinds_usual_engine() -> None:
     assert chat.reason == f"no backends registered: {chat.executable}"
     image = r.target(entry("image", "flux"))
     assert isinstance(image, Target) and (image.kind, image.executable) == ("sd", "sd-server")
+
+
+def test_a_vllm_launch_is_probed_on_the_openai_servers_health() -> None:
+    """vLLM needs no health endpoint of its own: its OpenAI server answers `/health`."""
+    from qmgui.core.emit import Command
+    from qmgui.core.emit import vllm as emit_vllm
+    from qmgui.service.launch import HEALTH, engine_spec
+
+    command = Command(argv=("vllm", "serve", "/m/hf-llama", "--port", "8000"))
+    spec = engine_spec(command, "vllm", entry("llm", "llama"), port=8000)
+    assert spec.health_path == emit_vllm.HEALTH_PATH == HEALTH["vllm"] == "/health"
+    assert spec.argv == command.argv  # nothing llama-server-only is added
