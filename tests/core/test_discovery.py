@@ -305,3 +305,13 @@ def test_a_projector_pairs_with_its_own_model_not_its_neighbours(tmp_path: Path)
     assert models["gemma-3-4b-it-Q4_K_M"].mmproj == str(proj)
     assert models["gemma-3-4b-it-Q8_0"].mmproj == str(proj)  # every quantisation of it
     assert models["qwen3-8b-Q4_K_M"].mmproj is None
+
+
+def test_the_walk_goes_on_below_a_hugging_face_folder(tmp_path: Path) -> None:
+    """Reference 001: an HF folder is a model, and a GGUF in a folder below it is another."""
+    folder = write_hf_folder(tmp_path / "Llama-HF")
+    write_gguf(folder / "gguf" / "llama-q8.gguf", PRESETS["llama"])
+    models = {m.path: m for m in scan([tmp_path]).models}
+    assert set(models) == {str(folder), str(folder / "gguf" / "llama-q8.gguf")}
+    assert models[str(folder)].format == "hf"
+    assert models[str(folder / "gguf" / "llama-q8.gguf")].format == "gguf"

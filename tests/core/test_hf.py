@@ -193,3 +193,40 @@ def test_mla_and_quant_method() -> None:
         3,
     )
     assert m.quant == "FP8"
+
+
+@pytest.mark.parametrize(
+    ("architecture", "preset", "config"),
+    [
+        ("LlamaForCausalLM", "llama", {}),
+        ("Qwen3ForCausalLM", "qwen3", {"max_position_embeddings": 40960}),
+        ("Gemma3ForCausalLM", "gemma3", {}),
+    ],
+)
+def test_the_hf_mapping_matches_the_same_models_gguf(
+    tmp_path: Path, architecture: str, preset: str, config: dict[str, int]
+) -> None:
+    """Reference 001: config.json maps onto the same shape the GGUF header gives, so the vLLM
+    sizing of a folder and of its conversion agree (sliding-window layers aside: a folder
+    charges them as full attention, on purpose)."""
+    from qmgui.core.discovery import entry_for_path
+    from qmgui.core.units import GIB
+    from qmgui.core.vllm import plan_vllm
+    from tests.synth.factory import PRESETS, write_gguf, write_hf_folder
+
+    gguf = entry_for_path(write_gguf(tmp_path / f"{preset}.gguf", PRESETS[preset])).meta
+    hf = entry_for_path(
+        write_hf_folder(tmp_path / f"hf-{preset}", architecture=architecture, config=config)
+    ).meta
+    assert gguf is not None and hf is not None
+    assert (hf.format, gguf.format) == ("hf", "gguf")
+    for field in ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim_k", "head_dim_v",
+                  "context_length", "model_class"):  # fmt: skip
+        assert getattr(hf, field) == getattr(gguf, field), field
+    g = plan_vllm(gguf, gpu_total_bytes=24 * GIB, budget_bytes=20 * GIB).breakdown
+    h = plan_vllm(hf, gpu_total_bytes=24 * GIB, budget_bytes=20 * GIB).breakdown
+    assert g is not None and h is not None
+    # every layer's KV per token is the same; the GGUF's sliding layers are capped at the window
+    assert h.kv_per_token.nbytes == g.kv_per_token.nbytes + g.swa_per_token.nbytes
+    assert h.sliding_layers == 0 and h.attention_layers == gguf.n_layer
+    assert (g.sliding_layers > 0) == (preset == "gemma3")
