@@ -199,3 +199,27 @@ def test_script_starts_every_placed_model_on_its_own_port(models: Path) -> None:
     for name in ("llama.gguf", "qwen2.gguf"):
         assert f"-m {models / name}" in out
     assert "PORT=$((BASE_PORT + 0))" in out and "PORT=$((BASE_PORT + 1))" in out
+
+
+def test_a_model_is_placed_with_the_projector_its_command_loads(tmp_path: Path) -> None:
+    """`--mmproj` is in the command: the card is charged its weights and compute bound too."""
+    from qmgui.core.discovery import entry_for_path
+    from tests.synth._mmproj import write_mmproj
+
+    write_gguf(tmp_path / "vision" / "qwen3.gguf", PRESETS["qwen3"])
+    write_mmproj(tmp_path / "vision" / "mmproj-qwen3.gguf")
+    write_gguf(tmp_path / "text" / "qwen3.gguf", PRESETS["qwen3"])
+
+    def placed(path: Path) -> int:
+        code, out, _ = run(
+            "place", f"{path}@c=1024,np=1", "--gpu", mib(64), "--reserve", "0", "--json"
+        )  # fmt: skip
+        assert code == 0
+        (model,) = json.loads(out)["models"]
+        assert model["placed"]
+        return int(sum(model["bytes"].values()))
+
+    proj = entry_for_path(tmp_path / "vision" / "mmproj-qwen3.gguf").meta
+    assert proj is not None
+    extra = placed(tmp_path / "vision" / "qwen3.gguf") - placed(tmp_path / "text" / "qwen3.gguf")
+    assert extra > proj.weight_bytes > 0  # its weights, and its compute bound above them

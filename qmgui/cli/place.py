@@ -31,6 +31,7 @@ from qmgui.core.export.llama_swap import placement_comment, render_run_set
 from qmgui.core.export.run_set_script import render_run_set_script
 from qmgui.core.footprint import Gpu, estimate
 from qmgui.core.launch import CACHE_TYPES, LaunchSettings
+from qmgui.core.meta import ModelMeta
 from qmgui.core.placement import (
     AutoContext,
     Placed,
@@ -45,7 +46,8 @@ from qmgui.core.units import format_bytes, parse_size
 from qmgui.hw.host import read_ram
 from qmgui.service.launch import Resolver, Target, UsageError, backend_build, load_quietly
 from qmgui.service.profile import profile_of
-from qmgui.service.role_sets import RoleSet, RoleSetOptions
+from qmgui.service.projector import projector_meta
+from qmgui.service.role_sets import RoleSet, RoleSetOptions, with_projectors
 
 EXIT_OK = 0
 EXIT_UNPLACED = 1  # the placement was made, but some model does not fit
@@ -269,6 +271,18 @@ def _requests(
             requests.append(Request(name, entry.meta, settings, context=context))
             entries[name] = entry
     return requests, entries, refused
+
+
+def _projectors(
+    requests: list[Request], entries: dict[str, ModelEntry]
+) -> dict[int, ModelMeta]:
+    """The projector each model's command loads (`--mmproj`), by its metadata's identity."""
+    kept: dict[int, ModelMeta] = {}
+    for r in requests:
+        proj = projector_meta(entries[r.name])
+        if proj is not None:
+            kept[id(r.meta)] = proj
+    return kept
 
 
 # --- output --------------------------------------------------------------------------------------
@@ -524,7 +538,8 @@ def cmd_place(args: argparse.Namespace, out: TextIO) -> int:
         rules, rules_note = rules_for(_backend_build(args, entries))
         if rules_note:
             notify.info(rules_note, source=SOURCE)
-        sizing = partial(estimate, rules=rules)  # the build's rules (core.build_rules)
+        # the build's rules (core.build_rules), each model with the projector loaded beside it
+        sizing = with_projectors(partial(estimate, rules=rules), _projectors(requests, entries))
         p = place(requests, gpus, reserve=reserve, host_bytes=host, estimate=sizing)
     except (SizingError, ValueError) as e:  # ValueError: a --backend that cannot be used
         notify.error(str(e), source=SOURCE)
