@@ -28,6 +28,15 @@ from qmgui.core.errors import SizingError
 from qmgui.core.gguf_tables import GGML_SIZES_BY_NAME
 from qmgui.core.launch import LaunchSettings, Resolved, pad, resolve, row_bytes
 from qmgui.core.meta import DSV4_CSA_RATIO, DSV4_HCA_RATIO, ModelMeta, Pooling, TensorEntry
+from qmgui.core.repack import (
+    FIRST_KNOWN_BUILD,
+    MUL_MAT,
+    CpuTarget,
+    Repacked,
+    Weight,
+    place,
+    weight_op,
+)
 from qmgui.core.sched import Offload, _unfused_delta_net_bound, sched_compute_bytes
 from qmgui.core.units import MIB, format_bytes
 
@@ -130,14 +139,32 @@ class DeviceFootprint:
     compute: int = 0
     output: int = 0
     other: int = 0  # on a GPU: the backend's own context (context_bytes), not a logged buffer
-    # CPU weight repacking copies matmul weights into buffers of their own and takes them out
-    # of the mapped span, so resident memory stays about the weights' size; this is the most
-    # those copies can add to the *allocated* figures (not counted in `total`)
+    # CPU weight repacking (qmgui.core.repack): the CPU_REPACK and AMX copies of matmul
+    # weights, allocated and resident, counted in `total`; the file stays mapped besides
+    repack: int = 0
+    # the part of `weights` that is a memory-mapped file span (host, mmap on): it is counted
+    # in `total` as the engine reports it, but the kernel can reclaim it (see `resident`)
+    mapped: int = 0
+    # where the repacking rules do not know the CPU or the build: the most the copies can add
+    # (every CPU-resident matmul weight), not counted in `total`
     repack_bound: int = 0
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv + self.recurrent + self.compute + self.output + self.other
+        return (
+            self.weights
+            + self.kv
+            + self.recurrent
+            + self.compute
+            + self.output
+            + self.other
+            + self.repack
+        )
+
+    @property
+    def resident(self) -> int:
+        """Allocated memory that is not a mapped file span."""
+        return self.total - self.mapped
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -148,7 +175,10 @@ class DeviceFootprint:
             "compute": self.compute,
             "output": self.output,
             "other": self.other,
+            "repack": self.repack,
+            "mapped": self.mapped,
             "repack_bound": self.repack_bound,
+            "resident": self.resident,
             "total": self.total,
         }
 
@@ -299,15 +329,27 @@ def _cuda_alloc_size(t: TensorEntry) -> int:
     return pad(size, CUDA_ALIGNMENT)
 
 
+def _kept(meta: ModelMeta, repacked: frozenset[str]) -> Sequence[_Placed]:
+    table = _table(meta)
+    if not repacked:
+        return table
+    return [p for t, p in zip(meta.tensors, table, strict=True) if t.name not in repacked]
+
+
 def _weights(
-    meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings, backends: dict[str, str]
+    meta: ModelMeta,
+    layer_dev: Sequence[str],
+    s: LaunchSettings,
+    backends: dict[str, str],
+    repacked: frozenset[str] = frozenset(),
 ) -> dict[str, int]:
     """Weight bytes per device. CPU tensors of a memory-mapped file count as the file span
-    they cover (llama.cpp maps [first tensor, last tensor end) of each file)."""
+    they cover (llama.cpp maps [first tensor, last tensor end) of each file); `repacked` CPU
+    tensors live in an extra buffer instead and leave the span (their own buffer's context)."""
     per: dict[str, int] = {}
     cpu_spans: dict[int, list[int]] = {}
     out_dev = layer_dev[meta.n_layer]
-    for t in _table(meta):
+    for t in _kept(meta, repacked):
         if t.role == _INPUT:
             dev = CPU
         elif t.role == _OUTPUT:
@@ -504,13 +546,16 @@ def estimate(
     mmproj_offload: bool = True,
     rules: EngineRules = EngineRules(),
     compute: bool = True,
+    cpu: CpuTarget | None = None,
 ) -> Footprint:
     """Every buffer one launch allocates, per GPU and in host memory.
 
     `compute=False` leaves the compute buffers at zero: the cheap part of a plan, which fit
     searches use to narrow down before confirming with the full estimate.
     `mmproj` is the projector's metadata: its weights go to the first GPU (llama-server's
-    default `--mmproj-offload`) or to the CPU."""
+    default `--mmproj-offload`) or to the CPU.
+    `cpu` is the CPU backend's features (`qmgui.core.repack`): with them the repacked copies
+    are exact (`repack`, in the host total); without them only bounded (`repack_bound`)."""
     if embeddings is None:
         embeddings = meta.pooling != Pooling.NONE or not meta.causal
     r = resolve(meta, settings, embeddings=embeddings)
@@ -529,14 +574,18 @@ def estimate(
         acc[dev][kind] = acc[dev].get(kind, 0) + n
 
     backends = {g.name: g.backend for g in gpus}
-    for dev, n in _weights(meta, layer_dev, settings, backends).items():
+    notes: list[str] = []
+    repacked = _repacked(meta, layer_dev, settings, gpus=gpus, cpu=cpu, notes=notes)
+    for dev, n in _weights(meta, layer_dev, settings, backends, repacked.names()).items():
         add(dev, "weights", n)
+    # the host's weights are the mapped span with mmap on; the copies are their own part
+    add(CPU, "mapped", acc[CPU].get("weights", 0) if settings.mmap else 0)
+    add(CPU, "repack", repacked.total)
     for il, n in kv_bytes_per_layer(meta, r, rules).items():
         add(layer_dev[il] if settings.kv_offload else CPU, "kv", n)
     for il, n in recurrent_bytes_per_layer(meta, r).items():
         add(layer_dev[il] if settings.kv_offload else CPU, "recurrent", n)
     add(CPU, "output", output_bytes(meta, r, embeddings=embeddings))
-    notes: list[str] = []
     bounds: list[Bound] = []
     proj_dev = gpus[0].name if gpus and mmproj_offload else CPU
     add(proj_dev, "weights", mmproj.weight_bytes if mmproj is not None else 0)
@@ -560,7 +609,7 @@ def estimate(
     for g in gpus:  # the backend's context on every card (0 for backends not charged)
         add(g.name, "other", context_bytes(g))
     notes.extend(_context_note(gpus))
-    repack = _repack_bound(meta, layer_dev, settings) if settings.repack else 0
+    repack = _repack_bound(meta, layer_dev, settings) if settings.repack and cpu is None else 0
     if repack:
         # which matmul weights a CPU repacks (AMX, AVX2/AVX-512 or NEON layouts) depends on
         # the CPU; the repacked ones leave the mapped span, so the host total stays the span
@@ -568,7 +617,8 @@ def estimate(
         add(CPU, "repack_bound", repack)
         notes.append(
             f"CPU repacking may copy up to {format_bytes(repack)} of weights into buffers of "
-            "their own (taking them out of the mapped file); --no-repack turns it off"
+            "their own (the CPU's features are not known to the plan); --no-repack turns "
+            "it off"
         )
     devices = tuple(DeviceFootprint(name=n, **acc[n]) for n in names)
     return Footprint(
@@ -588,6 +638,82 @@ def _projector_compute(mmproj: ModelMeta | None, device: str, s: LaunchSettings)
         return []
     n, why = projector_compute_bound(mmproj, flash_attn=s.flash_attn)
     return [Bound("projector compute", device, n, why)]
+
+
+# GPU backends with a host buffer type (ggml_backend_dev_host_buffer_type): llama.cpp's
+# make_cpu_buft_list puts the first one ahead of the CPU's extra buffer types, so the CPU
+# layers' matmul weights go there (and, with mmap, back to the plain CPU buffer:
+# llama_model_loader::create_tensor, "avoid using a host buffer when using mmap") and are
+# never repacked. Metal, RPC and the CPU have none.
+HOST_BUFFER_BACKENDS = frozenset({"cuda", "rocm", "hip", "vulkan", "sycl", "cann"})
+
+
+def cpu_weights(meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings) -> list[Weight]:
+    """The weights llama.cpp's loader offers the CPU's buffer types, with the op each is used
+    by; a tied output (no output.weight) adds the token embedding's duplicate as a matmul."""
+    out_dev = layer_dev[meta.n_layer]
+    out: list[Weight] = []
+    for t, p in zip(meta.tensors, _table(meta), strict=True):
+        if p.role == _INPUT:
+            continue
+        if p.role == _OUTPUT:
+            dev = out_dev
+        elif p.expert and (s.cpu_moe or p.layer < s.n_cpu_moe):
+            dev = CPU
+        else:
+            dev = layer_dev[p.layer]
+        if dev == CPU:
+            out.append(Weight(t.name, t.dtype, t.shape, t.nbytes, weight_op(t.name, t.shape)))
+    if meta.tied_embeddings and out_dev == CPU:
+        embd = next((t for t in meta.tensors if t.name == "token_embd.weight"), None)
+        if embd is not None:
+            # created again under the output layer (TENSOR_DUPLICATED), tried with MUL_MAT
+            out.append(Weight(TIED_OUTPUT, embd.dtype, embd.shape, embd.nbytes, MUL_MAT))
+    return out
+
+
+TIED_OUTPUT = "output.weight (token_embd.weight, tied)"
+
+
+def _repacked(
+    meta: ModelMeta,
+    layer_dev: Sequence[str],
+    s: LaunchSettings,
+    *,
+    gpus: Sequence[Gpu],
+    cpu: CpuTarget | None,
+    notes: list[str],
+) -> Repacked:
+    """The CPU_REPACK / AMX copies of this launch (none without `cpu`, with --no-repack, or
+    behind a GPU's host buffer type)."""
+    if not s.repack or cpu is None:
+        return Repacked()
+    if not cpu.known:
+        notes.append(
+            f"CPU repacking rules start at llama.cpp b{FIRST_KNOWN_BUILD}; this build's copies "
+            "are not predicted"
+        )
+        return Repacked()
+    host_buft = next((g for g in gpus if g.backend in HOST_BUFFER_BACKENDS and not g.remote), None)
+    if host_buft is not None:
+        return Repacked()
+    got = place(cpu_weights(meta, layer_dev, s), cpu)
+    if got.total:
+        kinds = sorted({f"{p.buffer} {p.layout}" for p in got.weights})
+        notes.append(
+            f"CPU repacking copies {len(got.weights)} weights ({format_bytes(got.total)}: "
+            f"{', '.join(kinds)}) on a CPU with {_feature_text(cpu)} ({cpu.source}); "
+            "--no-repack turns it off"
+        )
+    return got
+
+
+def _feature_text(cpu: CpuTarget) -> str:
+    shown = [f for f in _SHOWN_FEATURES if f in cpu.features]
+    return "+".join(shown) if shown else "no repacking features"
+
+
+_SHOWN_FEATURES = ("AVX2", "AVX512", "AVX512_VNNI", "AMX_INT8", "NEON", "DOTPROD", "MATMUL_INT8")
 
 
 def _repack_bound(meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings) -> int:
