@@ -378,8 +378,14 @@ class Fleet(QObject):
         return frozenset(self._planning_roles)
 
     def role_set_engines(self, name: str) -> list[Engine]:
-        """The running engines started for the role set `name`."""
-        return [e for e in self.runner.running() if e.group == name]
+        """The running engines started for the role set `name`: marked with it, or named
+        `NAME: INSTANCE` (one an earlier qmgui started, adopted at this window's start)."""
+        prefix = f"{name}: "
+        return [
+            e
+            for e in self.runner.running()
+            if e.group == name or (not e.group and e.name.startswith(prefix))
+        ]
 
     def is_running(self, rs: RunSet) -> bool:
         """Whether any engine of the set runs (a role set: any started for it)."""

@@ -113,6 +113,20 @@ def test_saving_checks_the_rows_and_delete_has_undo(qtbot) -> None:  # type: ign
     assert store.settings.run_sets == [saved]
 
 
+def test_engines_an_earlier_qmgui_started_for_a_role_set_count_as_its_own(qtbot) -> None:  # type: ignore[no-untyped-def]
+    """Adopted at the window's start, an engine has no group, only its name `SET: INSTANCE`:
+    the set shows it running and Stop stops it; a plain run set leaves it alone."""
+    fleet, _ = fleet_with(qtbot, {1: "m.gguf", 2: "m.gguf"})
+    fleet.runner.engines[1].name = "Stack: chat"
+    stack = fleet.save_role_set("Stack", ["chat=m.gguf"])
+    plain = fleet.save_run_set("Plain", ["m.gguf"])
+    assert [e.id for e in fleet.role_set_engines("Stack")] == [1]
+    assert fleet.is_running(stack) and fleet.is_running(plain)
+    stopped: list[int] = []
+    fleet.runner.stop = stopped.append  # type: ignore[method-assign]
+    assert fleet.stop_run_set("Stack") == 1 and stopped == [1]
+
+
 def test_a_role_set_saved_started_and_stopped_from_the_window_and_the_tray(  # type: ignore[no-untyped-def]
     qtbot, make_window, stack: Path
 ) -> None:
