@@ -273,9 +273,7 @@ def _requests(
     return requests, entries, refused
 
 
-def _projectors(
-    requests: list[Request], entries: dict[str, ModelEntry]
-) -> dict[int, ModelMeta]:
+def _projectors(requests: list[Request], entries: dict[str, ModelEntry]) -> dict[int, ModelMeta]:
     """The projector each model's command loads (`--mmproj`), by its metadata's identity."""
     kept: dict[int, ModelMeta] = {}
     for r in requests:
