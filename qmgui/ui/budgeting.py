@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 from qmgui.core.budget import Resident, plan_start
 from qmgui.core.errors import SizingError
-from qmgui.core.footprint import CPU, Gpu
+from qmgui.core.footprint import CPU, Gpu, estimate
 from qmgui.core.placement import Request
 from qmgui.core.units import MIB, format_bytes
+from qmgui.service.role_sets import with_projectors
 from qmgui.ui.hardware import Hardware
 from qmgui.ui.occupancy import EngineLoad, LiveReading, free_for_plan
 from qmgui.ui.planning import PlanOutcome
@@ -81,6 +82,8 @@ def start_decision(
     ]
     request = Request(f"{entry.name} (new)", entry.meta, settings=outcome.settings)
     hw = outcome.hardware
+    # the new model with the projector its plan charged (read on the planner's worker)
+    projectors = {id(entry.meta): outcome.mmproj} if outcome.mmproj is not None else {}
     try:
         plan = plan_start(
             request,
@@ -88,6 +91,7 @@ def start_decision(
             _offered(hw, live, loads),
             reserve=reserve_mib * MIB,
             host_bytes=_host_offered(live, hw, loads),
+            estimate=with_projectors(estimate, projectors),
         )
     except SizingError as e:
         return StartDecision((), False, f"{entry.name}: could not check the memory budget ({e})")

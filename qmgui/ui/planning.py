@@ -28,7 +28,7 @@ from qmgui.core.fit import (
 )
 from qmgui.core.footprint import EngineRules
 from qmgui.core.launch import CTX_PAD, LaunchSettings
-from qmgui.core.meta import ModelClass
+from qmgui.core.meta import ModelClass, ModelMeta
 from qmgui.core.shell import quote_bash, quote_powershell
 from qmgui.core.textsafe import redact_argv, redact_env
 from qmgui.core.units import MIB
@@ -193,6 +193,7 @@ class PlanOutcome:
     # the latest `qmgui bench` result of this model here, and whether it measured this command
     measured: tuple[BenchResult, bool] | None = None
     disk_note: str = ""  # how the weights are read when the model is on a network disk
+    mmproj: ModelMeta | None = None  # the projector loaded beside it, charged in `fit`
 
 
 def plan_model(
@@ -234,9 +235,9 @@ def plan_model(
     fit: FitResult | None = None
     error: str | None = None
     sized_settings, disk = disk_advice(entry, settings, given)  # a network disk: --no-mmap
+    proj = projector_meta(entry) if plannable(entry) else None  # loaded beside it: charged
     if plannable(entry):
         assert entry.meta is not None
-        proj = projector_meta(entry)  # loaded beside the model (--mmproj): charged too
         try:
             fit = check(entry.meta, sized_settings, budget, mmproj=proj)
             fit = noted(fit, disk.note, disk.warning)
@@ -266,7 +267,7 @@ def plan_model(
     vllm_gpus = tuple(g.name for g in sized.gpus[: vllm.tensor_parallel]) if vllm else ()
     return PlanOutcome(
         entry, sized_settings, hw, fit, error, command, bash, ps, engine, shown_bash, shown_ps,
-        vllm, vllm_gpus, missing, last_measured(entry, command), disk.note,
+        vllm, vllm_gpus, missing, last_measured(entry, command), disk.note, proj,
     )  # fmt: skip
 
 

@@ -3,6 +3,8 @@ one), sized by the real planner on full-size model headers and a card of a chose
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from qmgui.core.discovery import ModelEntry, entry_for_path
@@ -94,3 +96,41 @@ def test_what_if_hardware_is_not_this_machine(entries: dict[str, ModelEntry]) ->
     loads = [running(1, q, 5.0), running(2, q, 9.0)]
     d = start_decision(plan(entries["llama3-8b"], hw), loads, pinned=(), live=None, reserve_mib=512)
     assert d.fits and d.stop == ()
+
+
+def test_the_budget_counts_the_new_models_projector(tmp_path: Path) -> None:
+    """The projector its plan charged (`--mmproj`) is part of what the new engine needs next to
+    the running ones: on a card with room for the model alone, starting it stops an engine."""
+    from dataclasses import replace
+
+    from qmgui.core.units import MIB
+    from tests.synth._mmproj import write_mmproj
+    from tests.synth.factory import PRESETS
+
+    write_gguf(tmp_path / "qwen3.gguf", PRESETS["qwen3"])
+    write_mmproj(tmp_path / "mmproj-qwen3.gguf", n_embd=256, n_ff=1024, n_layer=4)
+    write_gguf(tmp_path / "other" / "llama.gguf", PRESETS["llama"])
+    model = entry_for_path(tmp_path / "qwen3.gguf")
+    assert model.mmproj is not None
+    wide = card(64)
+    with_proj, alone = plan(model, wide), plan(replace(model, mmproj=None), wide)
+    assert with_proj.mmproj is not None and alone.mmproj is None
+    other = plan(entry_for_path(tmp_path / "other" / "llama.gguf"), wide)
+    gpu = "GPU0 (test card)"
+
+    def need(o: PlanOutcome) -> int:
+        assert o.fit is not None
+        return o.fit.footprint.device(gpu).total
+
+    # room for the running engine, the reserve and the new model alone, not its projector too
+    room = need(other) + 512 * MIB + (need(alone) + need(with_proj)) // 2
+    hw = Hardware("test", (Gpu(gpu, room),), 64 * GIB)
+    running_one = running(1, replace(other, hardware=hw), 1.0)
+    fits_alone = start_decision(
+        replace(alone, hardware=hw), [running_one], pinned=(), live=None, reserve_mib=512
+    )
+    assert fits_alone.fits and fits_alone.stop == ()
+    with_it = start_decision(
+        replace(with_proj, hardware=hw), [running_one], pinned=(), live=None, reserve_mib=512
+    )
+    assert with_it.stop == (1,)  # the projector does not fit beside it: the engine makes room
