@@ -195,3 +195,52 @@ def test_secrets_are_redacted_unless_asked(models: Path, fake_exe: Path) -> None
     assert argv[argv.index("--api-key") + 1] == "<redacted>"
     code, out, _ = run(*base, "--show-secrets")
     assert "s3cret-key" in out
+
+
+def test_an_embedder_pinned_to_vllm_keeps_the_pin_and_says_why(tmp_path: Path) -> None:
+    """Reference 001 falls back to the class default; qmgui keeps the pin and gives the reason
+    (docs/guide.md, Backends): no command rather than another engine than the one chosen."""
+    model = write_gguf(tmp_path / "embed.gguf", PRESETS["qwen3-embed"])
+    entry = entry_for_path(model)
+    assert entry.meta is not None and entry.meta.model_class.value == "embedding"
+    save_settings(
+        Settings(
+            backends=[
+                BackendEntry(id="llama", kind="llama", executable="/opt/llama-server",
+                             default_for=["embedding"]),
+                BackendEntry(id="vllm", kind="vllm", executable="/opt/vllm"),
+            ],
+            model_overrides={entry.id: ModelOverride(backend_id="vllm")},
+        )
+    )  # fmt: skip
+    code, out, _ = run(str(model), "--json", "--no-probe")
+    data = json.loads(out)
+    assert code == 1 and data["argv"] == []
+    assert data["backend"]["id"] == "vllm" and data["backend"]["reason"] == "pinned"
+    assert any("vLLM plans cover chat models" in w for w in data["warnings"])
+
+
+def test_a_pinned_build_gets_its_own_vendors_device_variable(models: Path) -> None:
+    """Reference 001: the single-GPU pin follows the resolved engine, so a model pinned to the
+    ROCm build does not get the ★ CUDA build's variable (builds without --device here)."""
+    no_device = ["-m", "-c", "-fa", "--host", "--port", "-lv", "--n-cpu-moe"]
+    model = str(models / "qwen3 moe.gguf")
+
+    def build(backend_id: str, variant: str, star: bool = False) -> BackendEntry:
+        return BackendEntry(
+            id=backend_id, kind="llama", executable=f"/opt/{backend_id}/llama-server",
+            variant=variant, capabilities={"flags": no_device},
+            default_for=["llm"] if star else [],
+        )  # fmt: skip
+
+    registry = [build("cuda", "cuda", star=True), build("rocm", "rocm"), build("vk", "vulkan")]
+    for pin, variable in ((None, "CUDA_VISIBLE_DEVICES"), ("rocm", "HIP_VISIBLE_DEVICES"),
+                          ("vk", "GGML_VK_VISIBLE_DEVICES")):  # fmt: skip
+        overrides = {model: ModelOverride(backend_id=pin)} if pin else {}
+        save_settings(Settings(backends=registry, model_overrides=overrides))
+        code, out, err = run(model, "--devices", "1", "--json", "--no-probe")
+        assert code == 0, err
+        data = json.loads(out)
+        assert data["backend"]["id"] == (pin or "cuda")
+        assert data["env"] == {variable: "1"}
+        assert "--device" not in data["argv"]

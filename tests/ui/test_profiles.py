@@ -210,3 +210,19 @@ def test_split_and_gpus_are_saved_on_two_gpus(qtbot, make_window, models: Path) 
     qtbot.waitUntil(lambda: (ov := saved(model)) is not None and ov.ctx_size == 1024, timeout=5000)
     ov = saved(model)
     assert ov is not None and ov.devices == [0]
+
+
+def test_the_tool_call_parser_field_suggests_upstream_names_and_takes_any(qtbot) -> None:  # type: ignore[no-untyped-def]
+    """Reference 001: nothing probes vLLM for its parsers; the field offers the known names
+    and takes any other (a plugin parser is a valid name no probe lists)."""
+    from qmgui.ui.profile_actions import VllmBox
+
+    box = VllmBox()
+    qtbot.addWidget(box)
+    offered = {box.parser.itemText(i) for i in range(box.parser.count())}
+    assert {"hermes", "llama3_json", "mistral", "qwen3_coder", "none"} <= offered
+    assert box.parser.isEditable()
+    box.parser.setCurrentText("my_plugin_parser")
+    assert box.values() == {"tool_call_parser": "my_plugin_parser"}
+    box.parser.setCurrentText("")
+    assert box.values() == {}  # empty: by the model's family
