@@ -134,3 +134,15 @@ def test_the_real_engine_check_is_recorded(tmp_path: Path) -> None:
     assert left == []
     assert check_launch(argv, plan, meta=meta, store=store, record=False).comparable
     assert store.summary()[CHECK][0]["samples"] == 1  # record=False: not folded in
+
+
+def test_a_checks_rows_read_as_compared_rows() -> None:
+    """The window shows core.projection.compared's rows: a check's rows carry the same keys
+    and values (plus the residual), so it can show a recorded check unchanged."""
+    from qmgui.core.projection import compared
+
+    check = engine_check(_fit(), _plan())
+    plain = compared(_fit().devices, _plan().devices)
+    for row, old in zip(check.rows, plain, strict=True):
+        new = row.to_json()
+        assert {k: new[k] for k in old} == old
