@@ -31,7 +31,7 @@ from qmgui.core.fit import (
     nearest_fit,
     noted,
 )
-from qmgui.core.footprint import Footprint, Gpu
+from qmgui.core.footprint import CPU, DeviceFootprint, Footprint, Gpu
 from qmgui.core.launch import (
     CACHE_TYPES,
     DEFAULT_BATCH,
@@ -41,8 +41,9 @@ from qmgui.core.launch import (
 )
 from qmgui.core.meta import MAX_CONTEXT, ModelClass
 from qmgui.core.profile import apply_profile, vllm_pins
+from qmgui.core.repack import WHAT_IF_FEATURES, CpuTarget
 from qmgui.core.units import format_bytes, parse_size
-from qmgui.hw.host import read_ram
+from qmgui.hw.host import cpu_target, read_ram
 from qmgui.hw.profiles import lookup
 from qmgui.service.devices import device_engine, read_machine
 from qmgui.service.disk import disk_advice
@@ -162,6 +163,16 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
         dest="no_repack",
         action="store_true",
         help="no CPU weight repacking (the plan then charges no repacked copies)",
+    )
+    p.add_argument(
+        "--cpu-features",
+        dest="cpu_features",
+        default="host",
+        metavar="LIST",
+        help="the CPU features weight repacking follows, as llama-server's system_info line "
+        "names them (AVX2, AVX512, AVX512_VNNI, AMX_INT8, NEON, DOTPROD, MATMUL_INT8, SVE), "
+        "comma-separated, for a CPU that is not this one; 'host' (default): this machine's; "
+        "'unknown': charge only an upper bound on the copies",
     )
     p.add_argument(
         "--gpu",
@@ -432,6 +443,7 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
         rules, rules_note = rules_for(
             args.build if args.build is not None else _backend_build(args, entry)
         )
+        rules = replace(rules, cpu=cpu_target_from(args, rules.build))
         budget = Budget(gpus=gpus, gpu_reserve=reserve, host_bytes=host, rules=rules)
         proj = projector_meta(entry)
         result = check(entry.meta, settings, budget, mmproj=proj)
@@ -455,6 +467,24 @@ def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
         if checked is not None:
             _print_check(checked, out)
     return EXIT_OK if result.fits else EXIT_NO_FIT
+
+
+def cpu_target_from(args: argparse.Namespace, build: int | None) -> CpuTarget | None:
+    """`--cpu-features`: this machine's CPU (host), none known (unknown), or a what-if list
+    of system_info names (REPACK, compiled in by default, is implied)."""
+    text = str(getattr(args, "cpu_features", "host") or "host").strip()
+    if text.lower() == "host":
+        return cpu_target(build)
+    if text.lower() in ("unknown", "none"):
+        return None
+    names = {f.strip().upper() for f in text.split(",") if f.strip()}
+    unknown = names - WHAT_IF_FEATURES
+    if unknown:
+        raise ValueError(
+            f"--cpu-features: {', '.join(sorted(unknown))} not known (use "
+            f"{', '.join(sorted(WHAT_IF_FEATURES))}, 'host' or 'unknown')"
+        )
+    return CpuTarget(frozenset(names | {"REPACK"}), source="what-if", build=build)
 
 
 def _engine_check(
@@ -649,11 +679,12 @@ def _print_plan(entry: ModelEntry, result: FitResult, out: TextIO) -> None:
         f"{'on' if r.flash_attn else 'off'}, {fp.n_gpu_layers} GPU layers",
         file=out,
     )
-    cols = ("DEVICE", "WEIGHTS", "KV", "STATE", "COMPUTE", "OUTPUT", "OTHER", "TOTAL")
+    cols = ("DEVICE", "WEIGHTS", "REPACK", "KV", "STATE", "COMPUTE", "OUTPUT", "OTHER", "TOTAL")
     rows = [cols] + [
         (
             d.name,
             format_bytes(d.weights),
+            _repack_cell(d),
             format_bytes(d.kv),
             format_bytes(d.recurrent),
             _bounded(fp, d.name, d.compute),
@@ -672,6 +703,12 @@ def _print_plan(entry: ModelEntry, result: FitResult, out: TextIO) -> None:
             ),
             file=out,
         )
+    if fp.host.mapped:
+        print(
+            f"host: {format_bytes(fp.host.resident)} resident + {format_bytes(fp.host.mapped)} "
+            "mapped (the model file, reclaimable)",
+            file=out,
+        )
     print(result.verdict if result.fits else f"does not fit: {result.reason}", file=out)
     for b in fp.bounds:
         print(f"bound: {b.device} {b.part} {_bound_text(b.bytes)}: {b.why}", file=out)
@@ -679,6 +716,16 @@ def _print_plan(entry: ModelEntry, result: FitResult, out: TextIO) -> None:
         print(f"warning: {warning}", file=out)
     for note in fp.notes:
         print(f"note: {note}", file=out)
+
+
+def _repack_cell(d: DeviceFootprint) -> str:
+    """The repacked copies: exact, a bound (not in the total) where the CPU is not known, or
+    '-' on a GPU."""
+    if d.repack:
+        return format_bytes(d.repack)
+    if d.repack_bound:
+        return f"≤ {format_bytes(d.repack_bound)}"
+    return format_bytes(0) if d.name == CPU else "-"
 
 
 def _bound_text(n: int) -> str:

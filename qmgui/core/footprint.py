@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from qmgui.core.bounds import Bound, compute_bound, compute_bound_why, projector_compute_bound
 from qmgui.core.compute import MIXED_BATCH_BUILD, compute_buffer_bytes
@@ -385,6 +385,9 @@ class EngineRules:
     """Allocation rules that moved between llama.cpp builds; `build` None = a recent build."""
 
     build: int | None = None
+    # the CPU backend's features (qmgui.core.repack): which weights it repacks; None: not
+    # known, the copies are only bounded
+    cpu: CpuTarget | None = None
 
     @property
     def mla_keeps_v(self) -> bool:
@@ -575,6 +578,7 @@ def estimate(
 
     backends = {g.name: g.backend for g in gpus}
     notes: list[str] = []
+    cpu = _cpu_of(cpu, rules)
     repacked = _repacked(meta, layer_dev, settings, gpus=gpus, cpu=cpu, notes=notes)
     for dev, n in _weights(meta, layer_dev, settings, backends, repacked.names()).items():
         add(dev, "weights", n)
@@ -706,6 +710,14 @@ def _repacked(
             "--no-repack turns it off"
         )
     return got
+
+
+def _cpu_of(cpu: CpuTarget | None, rules: EngineRules) -> CpuTarget | None:
+    """The given CPU, else the rules' one, with the rules' build where it names none."""
+    cpu = cpu if cpu is not None else rules.cpu
+    if cpu is not None and cpu.build is None and rules.build is not None:
+        cpu = replace(cpu, build=rules.build)
+    return cpu
 
 
 def _feature_text(cpu: CpuTarget) -> str:

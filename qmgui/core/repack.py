@@ -142,6 +142,12 @@ CPUINFO_FLAGS: dict[str, str] = {
 }
 
 
+# the features a what-if CPU may be given (every one some rule or buffer type reads)
+WHAT_IF_FEATURES = frozenset(
+    {"AVX2", "AVX512", "AVX512_VNNI", "AMX_INT8", "NEON", "DOTPROD", "MATMUL_INT8", "SVE", "VXE"}
+)
+
+
 def target_from_cpuinfo(flags: Iterable[str], *, build: int | None = None) -> CpuTarget:
     """A CpuTarget from /proc/cpuinfo flags, for a build with repacking compiled in (ggml's
     default, GGML_CPU_REPACK=ON) that runs the best variant for this CPU."""

@@ -14,7 +14,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["SIMD_FLAGS", "HostInfo", "has_flags", "parse_cpuinfo", "read_host"]
+from qmgui.core.repack import CpuTarget, target_from_cpuinfo
+
+__all__ = [
+    "SIMD_FLAGS",
+    "HostInfo",
+    "cpu_target",
+    "has_flags",
+    "parse_cpuinfo",
+    "read_cpu_flags",
+    "read_host",
+]
 
 CPUINFO = "/proc/cpuinfo"
 
@@ -215,3 +225,24 @@ def _count(value: Any) -> int | None:
 def has_flags(host: HostInfo, flags: Iterable[str]) -> bool:
     """Whether the CPU has every one of `flags` (False when the flags are unknown)."""
     return all(f in host.cpu_flags for f in flags)
+
+
+def read_cpu_flags(cpuinfo_path: str = CPUINFO) -> frozenset[str]:
+    """This CPU's feature flags (Linux /proc/cpuinfo); empty where they cannot be read."""
+    problems: list[str] = []
+    return _cpu_model_and_flags(cpuinfo_path, problems)[1]
+
+
+def cpu_target(
+    build: int | None = None, *, flags: frozenset[str] | None = None
+) -> CpuTarget | None:
+    """The CPU features llama.cpp's CPU backend repacks weights by on this machine, for a
+    build with repacking compiled in that runs its best variant for this CPU (what a
+    GGML_BACKEND_DL build picks; a native build is compiled for it). None where the flags
+    cannot be read (Windows, macOS: no /proc/cpuinfo): plans then charge only the bound
+    (`repack_bound`). The engine's own `system_info` line, where a launch printed it, is the
+    exact answer (qmgui.core.repack.parse_system_info)."""
+    flags = read_cpu_flags() if flags is None else flags
+    if not flags:
+        return None
+    return target_from_cpuinfo(flags, build=build)

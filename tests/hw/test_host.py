@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import platform
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -146,3 +147,19 @@ def test_ram_on_linux_is_read_from_meminfo_as_psutil_reads_it(tmp_path) -> None:
     meminfo.write_text("MemTotal:       24683584 kB\n")  # an old kernel: no MemAvailable
     assert _meminfo(str(meminfo)) is None
     assert _meminfo(str(tmp_path / "missing")) is None
+
+
+def test_cpu_target_maps_cpuinfo_flags_to_the_engines_names(tmp_path: Path) -> None:
+    from qmgui.hw.host import cpu_target, read_cpu_flags
+
+    xeon = "processor\t: 0\nflags\t\t: fpu avx avx2 avx512f avx512_vnni amx_tile amx_int8\n"
+    epyc = "processor\t: 0\nflags\t\t: fpu avx avx2 fma f16c bmi2\n"
+    (tmp_path / "xeon").write_text(xeon)
+    (tmp_path / "epyc").write_text(epyc)
+    if platform.system() == "Linux":
+        x = cpu_target(flags=read_cpu_flags(str(tmp_path / "xeon")))
+        assert x is not None and x.amx and "AVX512" in x.features
+        e = cpu_target(11434, flags=read_cpu_flags(str(tmp_path / "epyc")))
+        assert e is not None and not e.amx and "AVX2" in e.features and e.build == 11434
+        assert e.source == "host" and e.repack_compiled
+    assert cpu_target(flags=frozenset()) is None  # Windows, macOS: flags not read
