@@ -45,7 +45,7 @@ from qmgui.core.repack import WHAT_IF_FEATURES, CpuTarget
 from qmgui.core.units import format_bytes, parse_size
 from qmgui.hw.host import cpu_target, read_ram
 from qmgui.hw.profiles import lookup
-from qmgui.service.devices import device_engine, read_machine
+from qmgui.service.devices import read_machine, registered_engine
 from qmgui.service.disk import disk_advice
 from qmgui.service.projector import projector_meta
 
@@ -297,10 +297,7 @@ def local_machine(args: argparse.Namespace) -> Machine:
     kept = getattr(args, "_machine", None)
     if isinstance(kept, Machine):
         return kept
-    from qmgui.service.launch import load_quietly  # noqa: PLC0415 - as the other readers
-
-    backends = [e.to_core() for e in load_quietly().settings.backends]
-    engine = device_engine(backends, getattr(args, "backend", None))
+    engine = registered_engine(getattr(args, "backend", None))
     machine = read_machine(engine, probe_engine=not getattr(args, "no_probe", False))
     for note in machine.notes:
         notify.warning(note, source=getattr(args, "command", None) or "plan")

@@ -33,6 +33,10 @@ Free memory is the host's live reading: a kept listing's devices get NVML's or s
 figure when read back (`with_live_free`). Refused devices (llvmpipe…), on which nothing is
 placed, show the figure the engine gave when it was asked.
 
+The file also lists the sha256 digests of the last `MAX_CLEAN` settings files the full
+settings loader read without a word to say (`mark_clean`, `is_clean`): such a file is read
+with json alone to find the registered build (`service.devices.registered_engine`).
+
 The file may be hostile: it is read up to `MAX_FILE_BYTES`, every field is checked (a device
 must read back through `core.probe.parse_devices` unchanged, a reason must be printable and
 short, a time finite and not in the future), and anything wrong is a miss; the next answer
@@ -83,6 +87,7 @@ UNSEEN_TTL_S = 30.0
 FAILURE_TTL_S = 60.0
 
 MAX_ENTRIES = 32  # builds x environments x GPU sets: more than one desktop has
+MAX_CLEAN = 8  # digests of settings files that load cleanly (`registered_engine`)
 MAX_FILE_BYTES = 256 * 1024
 MAX_WHY = 500
 MAX_PATH = 4096
@@ -241,10 +246,10 @@ def _why(raw: object) -> str | None:
 
 
 def _entry(key: object, raw: object) -> _Entry | None:
-    if not (isinstance(key, str) and len(key) == _KEY_LEN and isinstance(raw, dict)):
+    if not (_is_key(key) and isinstance(raw, dict)):
         return None
     at, exe = raw.get("at"), raw.get("exe")
-    if any(c not in "0123456789abcdef" for c in key) or not isinstance(exe, str):
+    if not isinstance(exe, str):
         return None
     if not isinstance(at, (int, float)) or isinstance(at, bool) or not math.isfinite(at):
         return None
@@ -259,22 +264,30 @@ def _entry(key: object, raw: object) -> _Entry | None:
     return _Entry(exe, Answer(listed, why, float(at)))
 
 
-def _entries_of(data: bytes, path: str) -> dict[str, _Entry]:
+def _is_key(value: object) -> bool:
+    return (
+        isinstance(value, str)
+        and len(value) == _KEY_LEN
+        and all(c in "0123456789abcdef" for c in value)
+    )
+
+
+def _doc_of(data: bytes, path: str) -> tuple[dict[str, _Entry], list[str]]:
+    """The entries and the clean settings digests a file holds (what could be read)."""
     try:  # bounded: values, depth, digits (`core.safeio`)
         doc = loads_json(data, path)
     except (QmguiError, ValueError, RecursionError):
-        return {}
+        return {}, []
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        return {}
-    raw = doc.get("entries")
-    if not isinstance(raw, dict):
-        return {}
+        return {}, []
+    raw, marks = doc.get("entries"), doc.get("settings")
     out: dict[str, _Entry] = {}
-    for key, value in list(raw.items())[: MAX_ENTRIES * 2]:
+    for key, value in list(raw.items() if isinstance(raw, dict) else ())[: MAX_ENTRIES * 2]:
         entry = _entry(key, value)
         if entry is not None:
             out[key] = entry
-    return out
+    clean = [m for m in (marks if isinstance(marks, list) else [])[:MAX_CLEAN] if _is_key(m)]
+    return out, clean
 
 
 def _stored(entry: _Entry) -> dict[str, object]:
@@ -298,7 +311,7 @@ class DeviceCache:
     def get(self, key: str, host: Sequence[HostGpu]) -> Answer | None:
         """The answer kept under `key` while it is fresh, its free memory the host's now;
         None: there is none, it expired, or the file could not be trusted."""
-        entry = self._read().get(key)
+        entry = self._read()[0].get(key)
         if entry is None:
             return None
         answer = entry.answer
@@ -326,7 +339,7 @@ class DeviceCache:
             return
         keep = ttl_of(answer, host) > 0
 
-        def change(entries: dict[str, _Entry]) -> bool:
+        def change(entries: dict[str, _Entry], clean: list[str]) -> bool:
             if keep:
                 entries[key] = _Entry(real, answer)
                 return True
@@ -336,13 +349,13 @@ class DeviceCache:
 
     def drop(self, key: str) -> None:
         """Forget the answer under `key`: the next read asks the engine."""
-        self._update(lambda entries: entries.pop(key, None) is not None)
+        self._update(lambda entries, clean: entries.pop(key, None) is not None)
 
     def forget(self, executable: str) -> None:
         """Forget every answer of `executable` (any environment, any GPU set)."""
         real = os.path.realpath(os.path.expanduser(executable))
 
-        def change(entries: dict[str, _Entry]) -> bool:
+        def change(entries: dict[str, _Entry], clean: list[str]) -> bool:
             gone = [k for k, e in entries.items() if e.executable == real]
             for k in gone:
                 del entries[k]
@@ -352,16 +365,36 @@ class DeviceCache:
 
     # -- the file --
 
-    def _read(self) -> dict[str, _Entry]:
+    def is_clean(self, digest: str) -> bool:
+        """The settings file whose `digest` this is was read by the full loader without a
+        word to say (`service.devices.registered_engine`)."""
+        return digest in self._read()[1]
+
+    def mark_clean(self, digest: str) -> None:
+        """Remember that the settings file of `digest` loads cleanly (newest first)."""
+
+        def change(entries: dict[str, _Entry], clean: list[str]) -> bool:
+            if clean[:1] == [digest]:
+                return False
+            if digest in clean:
+                clean.remove(digest)
+            clean.insert(0, digest)
+            del clean[MAX_CLEAN:]
+            return True
+
+        if _is_key(digest):
+            self._update(change)
+
+    def _read(self) -> tuple[dict[str, _Entry], list[str]]:
         try:  # a regular file only (a FIFO put there would block), bounded
             data = read_regular(self.path, MAX_FILE_BYTES)
         except (QmguiError, OSError):
-            return {}
+            return {}, []
         if len(data) > MAX_FILE_BYTES:
-            return {}
-        return _entries_of(data, str(self.path))
+            return {}, []
+        return _doc_of(data, str(self.path))
 
-    def _update(self, change: Callable[[dict[str, _Entry]], bool]) -> None:
+    def _update(self, change: Callable[[dict[str, _Entry], list[str]], bool]) -> None:
         """Under the lock: read the file, `change` the entries and, when it changed them
         (True), write them back; entries that could not be read are left out then."""
         from filelock import FileLock  # noqa: PLC0415 - only after the engine was asked
@@ -369,13 +402,13 @@ class DeviceCache:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with FileLock(f"{self.path}.lock", timeout=LOCK_TIMEOUT_S):
-                entries = self._read()
-                if change(entries):
-                    self._write(entries)
+                entries, clean = self._read()
+                if change(entries, clean):
+                    self._write(entries, clean)
         except OSError:  # filelock's Timeout is one: another process holds it for too long
             return
 
-    def _write(self, entries: dict[str, _Entry]) -> None:
+    def _write(self, entries: dict[str, _Entry], clean: list[str]) -> None:
         now = self.clock()
         live = [
             (k, e)
@@ -385,7 +418,11 @@ class DeviceCache:
         live.sort(key=lambda item: item[1].answer.at, reverse=True)
         live = live[:MAX_ENTRIES]
         while True:
-            doc = {"format": FORMAT, "entries": {k: _stored(e) for k, e in live}}
+            doc = {
+                "format": FORMAT,
+                "entries": {k: _stored(e) for k, e in live},
+                "settings": clean[:MAX_CLEAN],
+            }
             text = json.dumps(doc, separators=(",", ":")).encode("ascii")
             if len(text) <= MAX_FILE_BYTES or not live:
                 break

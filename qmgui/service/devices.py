@@ -17,7 +17,9 @@ new key and is seen. Free memory is always the host's reading now. `fresh=True` 
 engine whatever is kept (and keeps the new answer); `remember` keeps what a probe of a build
 just learned (`qmgui backends add`, the window's backend editor, `qmgui doctor`). Within one
 run the command line reads the machine once (`cli.plan.local_machine` keeps it on the run's
-arguments).
+arguments). Which build: `registered_engine` reads the registry, with json alone once the full
+settings loader has read that very file cleanly, so a kept answer plans in about the time of
+`qmgui plan --gpu`.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ __all__ = [
     "RETRY_DELAY_S",
     "device_engine",
     "read_machine",
+    "registered_engine",
     "remember",
     "stored_listing",
 ]
@@ -101,6 +104,124 @@ def device_engine(
     if chosen is None:
         return None
     return DeviceEngine(chosen.executable, chosen.variant, stored_listing(chosen.capabilities))
+
+
+MAX_SETTINGS_BYTES = 16 << 20  # as the command line's quick look at the settings file
+LIGHT_SCHEMA = 1  # qmgui.settings.SCHEMA_VERSION (a test checks): other files load fully
+
+
+class _NotLight(Exception):
+    """The settings file is not one to read with json alone: the full loader reads it."""
+
+
+def registered_engine(backend_arg: str | None = None) -> DeviceEngine | None:
+    """`device_engine` over the registry in the settings file (`backend_arg`: `--backend`).
+
+    The full loader (`qmgui.settings`: pydantic, migrations, checks) costs the command line
+    about 0.3 s to import. A settings file it has read before without a word to say is read
+    with json alone: its sha256 (with this build's settings module's size and mtime, so an
+    upgrade reads it fully again) is kept in the device cache (`DeviceCache.mark_clean`). A
+    file never seen, changed, or holding anything unexpected goes through the full loader,
+    which says what is wrong with it as before. The registry read with json names only
+    executables the settings file itself names."""
+    from qmgui.service import device_cache  # noqa: PLC0415 - only when a build is asked
+
+    store = device_cache.DeviceCache()
+    digest = _settings_digest()
+    if digest is not None and store.is_clean(digest):
+        try:
+            return device_engine(_light_registry(), backend_arg)
+        except _NotLight:
+            pass
+    from qmgui.service.launch import load_quietly  # noqa: PLC0415 - the full loader
+
+    loaded = load_quietly()
+    backends = [e.to_core() for e in loaded.settings.backends]
+    if digest is not None and not loaded.messages and _settings_digest() == digest:
+        store.mark_clean(digest)  # unchanged while it was loaded: these bytes load cleanly
+    return device_engine(backends, backend_arg)
+
+
+def _settings_bytes() -> bytes | None:
+    """The settings file's bytes; b"" when there is none; None when it cannot be read."""
+    from qmgui.config_paths import settings_path  # noqa: PLC0415
+    from qmgui.core.errors import QmguiError  # noqa: PLC0415
+    from qmgui.core.safeio import read_regular  # noqa: PLC0415
+
+    path = settings_path()
+    if not path.exists():
+        return b""
+    try:
+        data = read_regular(path, MAX_SETTINGS_BYTES)
+    except (QmguiError, OSError):
+        return None
+    return None if len(data) > MAX_SETTINGS_BYTES else data
+
+
+def _settings_digest() -> str | None:
+    data = _settings_bytes()
+    if data is None:
+        return None
+    import hashlib  # noqa: PLC0415
+
+    import qmgui  # noqa: PLC0415
+
+    h = hashlib.sha256(f"qmgui {qmgui.__version__}\n".encode())
+    module = os.path.join(os.path.dirname(qmgui.__file__), "settings.py")
+    try:
+        st = os.stat(module)
+        h.update(f"{st.st_size} {st.st_mtime_ns}\n".encode())
+    except OSError:
+        h.update(b"no settings module\n")
+    h.update(data)
+    return h.hexdigest()
+
+
+def _light_registry() -> list[registry.Backend]:
+    """The registry's entries read with json alone (fields `device_engine` reads); raises
+    `_NotLight` for anything the full loader would have to say something about."""
+    from qmgui.core.errors import QmguiError  # noqa: PLC0415
+    from qmgui.core.safeio import loads_json  # noqa: PLC0415
+
+    data = _settings_bytes()
+    if data is None:
+        raise _NotLight
+    if not data:
+        return []
+    try:
+        doc = loads_json(data, "settings")
+    except (QmguiError, ValueError, RecursionError) as e:
+        raise _NotLight from e
+    if not isinstance(doc, dict) or doc.get("schema_version") != LIGHT_SCHEMA:
+        raise _NotLight
+    raw = doc.get("backends", [])
+    if not isinstance(raw, list):
+        raise _NotLight
+    return [_light_backend(item) for item in raw]
+
+
+def _light_backend(raw: object) -> registry.Backend:
+    from qmgui.core import backends as registry  # noqa: PLC0415
+
+    if not isinstance(raw, dict):
+        raise _NotLight
+    bid, kind, exe = raw.get("id"), raw.get("kind"), raw.get("executable")
+    stars, classes = raw.get("default_for", []), raw.get("classes", [])
+    variant, caps = raw.get("variant"), raw.get("capabilities", {})
+    if not (isinstance(bid, str) and isinstance(kind, str) and isinstance(exe, str)):
+        raise _NotLight
+    lists = (stars, classes)
+    if not all(isinstance(v, list) and all(isinstance(c, str) for c in v) for v in lists):
+        raise _NotLight
+    if not (variant is None or isinstance(variant, str)) or not isinstance(caps, dict):
+        raise _NotLight
+    try:
+        return registry.Backend(
+            id=bid, kind=kind, executable=exe, default_for=frozenset(stars), variant=variant,
+            capabilities=caps, classes=frozenset(classes),
+        )  # fmt: skip
+    except (ValueError, TypeError) as e:
+        raise _NotLight from e
 
 
 def _ask(

@@ -19,7 +19,7 @@ from qmgui.core.devices import HostGpu
 from qmgui.core.probe import EngineDevice, FailureKind, ProbeFailure, ProbeResult, RunOutput
 from qmgui.hw.gpus import host_gpus
 from qmgui.hw.nvml import STATUS_OK, GpuReading, NvmlReading
-from qmgui.service import device_cache
+from qmgui.service import device_cache, devices
 from qmgui.service.device_cache import (
     FAILURE_TTL_S,
     LISTED_TTL_S,
@@ -28,7 +28,13 @@ from qmgui.service.device_cache import (
     DeviceCache,
     entry_key,
 )
-from qmgui.service.devices import RETRIES, device_engine, read_machine, remember
+from qmgui.service.devices import (
+    RETRIES,
+    device_engine,
+    read_machine,
+    registered_engine,
+    remember,
+)
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 LISTINGS = FIXTURES / "list-devices"
@@ -358,7 +364,7 @@ def test_processes_writing_at_once_leave_a_valid_file(tmp_path: Path) -> None:
     data = json.loads(path.read_bytes())
     assert data["format"] == 1
     cache = DeviceCache(path)
-    entries = device_cache.DeviceCache._read(cache)
+    entries = device_cache.DeviceCache._read(cache)[0]
     assert len(entries) == len(data["entries"]) == writers * 4  # none lost, none unreadable
     for me in range(writers):  # each writer's last round is there
         last = entries[f"{me:02x}{(rounds - 1) % 4:02x}".ljust(64, "0")].answer
@@ -400,3 +406,160 @@ def test_the_cache_adds_nothing_to_hostgpu_keys_but_names_and_totals() -> None:
     assert entry_key(sys.executable, [a], {}) == entry_key(sys.executable, [b], {})
     assert entry_key(sys.executable, [a], {}) != entry_key(sys.executable, [], {})
     assert entry_key("/nonexistent/llama-server", [a], {}) is None
+
+
+# --- the registry, read with json alone once the full loader has read the file cleanly ---
+
+
+def _save(*entries: Any) -> None:
+    from qmgui.settings import Settings, save_settings
+
+    save_settings(Settings(backends=list(entries)))
+
+
+def _count_full_loads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    from qmgui.service import launch
+
+    calls: list[int] = []
+    real = launch.load_quietly
+
+    def counted() -> Any:
+        calls.append(1)
+        return real()
+
+    monkeypatch.setattr(launch, "load_quietly", counted)
+    return calls
+
+
+def test_a_settings_file_read_cleanly_once_is_read_with_json_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from qmgui.settings import BackendEntry
+
+    full = _count_full_loads(monkeypatch)
+    caps = {"devices_listed": True, "devices": [_device("CUDA0", "NVIDIA GeForce RTX 4090")]}
+    _save(
+        BackendEntry(id="a", kind="llama", executable="/a/llama-server"),
+        BackendEntry(id="b", kind="llama", executable="/b/llama-server", default_for=["llm"],
+                     variant="vulkan", capabilities=caps),
+        BackendEntry(id="v", kind="vllm", executable="/v/vllm"),
+    )  # fmt: skip
+    first = registered_engine()
+    assert len(full) == 1
+    for arg in (None, "a", "b", "v", "~/bin/llama-server"):
+        full.clear()
+        light = registered_engine(arg)
+        assert full == [], arg  # json alone
+        with monkeypatch.context() as m:
+            m.setattr(devices, "_light_registry", _refuse_light)
+            assert registered_engine(arg) == light, arg  # what the full loader makes of it
+    full.clear()
+    assert first is not None and first.executable == "/b/llama-server"
+    assert first.variant == "vulkan" and first.stored is not None
+    # a changed file is read fully again, then with json again
+    _save(BackendEntry(id="c", kind="llama", executable="/c/llama-server"))
+    chosen = registered_engine()
+    assert len(full) == 1 and chosen is not None and chosen.executable == "/c/llama-server"
+    registered_engine()
+    assert len(full) == 1
+
+
+def _refuse_light() -> Any:
+    raise devices._NotLight
+
+
+def test_a_settings_file_with_something_to_say_is_always_read_fully(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from qmgui.config_paths import settings_path
+
+    full = _count_full_loads(monkeypatch)
+    path = settings_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"schema_version": 1, "backends": [{"id": "x"}]}', encoding="utf-8")
+    registered_engine()
+    assert len(full) == 1  # the loader said something (and moved the file aside)
+    path.write_text("{not json", encoding="utf-8")
+    registered_engine()
+    registered_engine()
+    assert len(full) == 3
+
+
+def test_a_forged_clean_mark_does_not_let_a_bad_file_through(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A digest marked clean by a crafted cache file: the json reader still checks every
+    field it reads and leaves anything unexpected to the full loader."""
+    from qmgui.config_paths import settings_path
+
+    path = settings_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    bad = [
+        '{"schema_version": 1, "backends": [{"id": "x", "kind": "llama", "executable": 7}]}',
+        '{"schema_version": 1, "backends": [{"id": "x", "kind": "llama", "executable": "/x",'
+        ' "default_for": "llm"}]}',
+        '{"schema_version": 1, "backends": [{"id": "x", "kind": "llama", "executable": "/x",'
+        ' "capabilities": []}]}',
+        '{"schema_version": 1, "backends": ["x"]}',
+        '{"schema_version": 1, "backends": {"x": 1}}',
+        '{"schema_version": 2, "backends": []}',
+        "[]",
+    ]
+    full = _count_full_loads(monkeypatch)
+    for text in bad:
+        path.write_text(text, encoding="utf-8")
+        digest = devices._settings_digest()
+        assert digest is not None
+        DeviceCache().mark_clean(digest)
+        full.clear()
+        registered_engine()
+        assert len(full) == 1, text
+
+
+def test_the_json_reader_knows_the_settings_schema() -> None:
+    from qmgui.settings import SCHEMA_VERSION
+
+    assert devices.LIGHT_SCHEMA == SCHEMA_VERSION
+
+
+_PLAN_TWICE = """
+import io, json, sys
+from qmgui.cli import main
+for _ in range(2):
+    assert main(["plan", sys.argv[1], "--json"], out=io.StringIO()) == 0
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_a_kept_answer_plans_without_the_settings_loader_or_the_engine(tmp_path: Path) -> None:
+    """The second `qmgui plan` with a registered build starts no engine and imports neither
+    pydantic, the settings module nor the engines package (a fresh interpreter each)."""
+    from qmgui.settings import BackendEntry
+    from tests.synth.factory import PRESETS, write_gguf
+
+    stand_in = tmp_path / "llama-server"
+    runs = tmp_path / "runs"
+    stand_in.write_text(
+        f"#!/bin/sh\necho run >> {runs}\nprintf 'Available devices:\\n  (none)\\n'\n",
+        encoding="utf-8",
+    )
+    stand_in.chmod(0o755)
+    _save(BackendEntry(id="l", kind="llama", executable=str(stand_in), default_for=["llm"]))
+    model = tmp_path / "m.gguf"
+    write_gguf(str(model), PRESETS["llama"])
+    root = Path(__file__).resolve().parent.parent.parent
+
+    def plan() -> list[str]:
+        proc = subprocess.run(
+            [sys.executable, "-c", _PLAN_TWICE, str(model)], capture_output=True, text=True,
+            timeout=120, check=False, cwd=root, env={**os.environ, "QT_QPA_PLATFORM": "offscreen"},
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        loaded: list[str] = json.loads(proc.stdout.strip().splitlines()[-1])
+        return loaded
+
+    plan()  # asks the engine once, reads the settings fully once
+    loaded = plan()
+    assert runs.read_text(encoding="utf-8").count("run") == 1
+    heavy = ("pydantic", "qmgui.settings", "qmgui.engines", "qmgui.service.launch")
+    assert [m for m in loaded if m.startswith(heavy)] == []
