@@ -44,17 +44,19 @@ from qmgui.core.gguf_header import read_gguf_header  # noqa: E402
 from qmgui.core.launch import LaunchSettings, Resolved, resolve  # noqa: E402
 from qmgui.core.meta import ModelClass, ModelMeta, meta_from_gguf  # noqa: E402
 from qmgui.core.readback import MIB, EngineReport, FailureKind, parse_llama_log  # noqa: E402
+from qmgui.core.repack import CpuTarget, parse_system_info  # noqa: E402
 from qmgui.engines.llama_run import find_llama_server, load_and_stop  # noqa: E402
 
 BASE_ARGS = ("-lv", "4", "-fit", "off", "--no-warmup")
 DEFAULT_CTX = 1024
 COMPUTE_MARGIN = 0.05  # a compute prediction may be up to 5% above the measurement, never below
 TIMEOUT_S = 60.0
-EXACT_BUFFERS = ("model", "kv", "recurrent", "output")
+EXACT_BUFFERS = ("model", "repack", "kv", "recurrent", "output")
 BUFFERS = (*EXACT_BUFFERS, "compute")
 PREDICTED_FIELD = {
     "repack_bound": "repack_bound",  # host: the upper bound on repacked weight copies
     "model": "weights",
+    "repack": "repack",  # host: the CPU_REPACK / AMX copies (qmgui.core.repack's rules)
     "kv": "kv",
     "recurrent": "recurrent",
     "output": "output",
@@ -62,6 +64,15 @@ PREDICTED_FIELD = {
 }
 SWA_ARCHS = frozenset({"gemma3", "gpt-oss"})
 REPACK_ARCHS = frozenset({"llama", "qwen2", "qwen3moe", "gemma3", "deepseek2"})
+# models with 4-bit weights a CPU repacks (the presets are F16, which no CPU repacks but AMX):
+# name -> (preset, weight type, file type, written sparse). Q4_K needs rows of 256 values.
+REPACK_MODELS: dict[str, tuple[str, str, int, bool]] = {
+    "llama+Q4_0": ("llama", "Q4_0", 2, False),
+    "llama+Q4_K": ("llama", "Q4_K", 15, True),
+    "llama+IQ4_NL": ("llama", "IQ4_NL", 25, True),
+    "qwen3moe+Q4_0": ("qwen3moe", "Q4_0", 2, False),
+    "gemma3+Q4_0": ("gemma3", "Q4_0", 2, False),  # tied embeddings: the output's own copy
+}
 # settings the engine refuses outright (not "does not fit"): resolve() should raise for them
 REFUSALS = frozenset(
     {
@@ -162,6 +173,9 @@ MATRIX: tuple[Setting, ...] = (
     setting("swa-full np=2 c=8192", c=8192, np=2, swa_full=True, only=SWA_ARCHS),
     setting("repack", repack=True, only=REPACK_ARCHS),
     setting("repack np=2 c=2048", c=2048, np=2, repack=True, quick=True, only={"llama"}),
+    setting("repack 4-bit", repack=True, quick=True, only={"llama+Q4_0", "llama+Q4_K"}),
+    setting("repack 4-bit", repack=True, only=set(REPACK_MODELS) - {"llama+Q4_0", "llama+Q4_K"}),
+    setting("no-repack 4-bit", only=set(REPACK_MODELS)),
 )
 
 
@@ -174,18 +188,45 @@ class Case:
 def build_matrix(
     archs: Sequence[str], *, quick: bool, matrix: Sequence[Setting] = MATRIX
 ) -> list[Case]:
+    """The cases of `archs` (presets and REPACK_MODELS); a 4-bit model runs only the
+    settings that name it."""
     return [
         Case(a, s)
         for a in archs
         for s in matrix
-        if (s.quick or not quick) and (s.only is None or a in s.only)
+        if (s.quick or not quick)
+        and (a in s.only if s.only is not None else a not in REPACK_MODELS)
     ]
+
+
+def repack_spec(name: str) -> tuple[Any, bool]:
+    """The SynthSpec of a REPACK_MODELS entry and whether it is written sparse."""
+    from dataclasses import replace
+
+    import gguf
+
+    from tests.synth.factory import PRESETS
+
+    preset, wtype, ftype, sparse = REPACK_MODELS[name]
+    spec = PRESETS[preset]
+    if wtype != "Q4_0":  # 256-value blocks: widen the model
+        spec = replace(spec, n_embd=256, n_ff=512)
+    q = gguf.GGMLQuantizationType[wtype]
+    return replace(spec, weight_type=q, file_type=ftype, name=f"{spec.name}-{wtype}"), sparse
 
 
 def write_models(archs: Iterable[str], folder: Path) -> dict[str, Path]:
     from tests.synth.factory import PRESETS, write_gguf
 
-    return {a: write_gguf(folder / f"{a}.gguf", PRESETS[a]) for a in archs}
+    out = {}
+    for a in archs:
+        path = folder / f"{a}.gguf"
+        if a in REPACK_MODELS:
+            spec, sparse = repack_spec(a)
+            out[a] = write_gguf(path, spec, sparse=sparse)
+        else:
+            out[a] = write_gguf(path, PRESETS[a])
+    return out
 
 
 # --- predictions -----------------------------------------------------------------------------
@@ -200,15 +241,22 @@ def _footprint_module() -> Any:
 
 
 def predict(
-    meta: ModelMeta, ls: LaunchSettings, *, embeddings: bool = False, build: int | None = None
+    meta: ModelMeta,
+    ls: LaunchSettings,
+    *,
+    embeddings: bool = False,
+    build: int | None = None,
+    cpu: CpuTarget | None = None,
 ) -> tuple[dict[str, int] | None, str | None]:
     """Predicted bytes per buffer on the CPU from qmgui.core.footprint, or (None, why).
-    `build`: the engine's llama.cpp build number (engine_build), whose rules apply."""
+    `build`: the engine's llama.cpp build number (engine_build), whose rules apply; `cpu`:
+    the CPU backend's features (the engine's system_info line), which repacking follows."""
     fp_mod = _footprint_module()
     if fp_mod is None:
         return None, "qmgui.core.footprint does not exist yet"
     try:
-        fp = fp_mod.estimate(meta, ls, embeddings=embeddings, rules=fp_mod.EngineRules(build=build))
+        rules = fp_mod.EngineRules(build=build)
+        fp = fp_mod.estimate(meta, ls, embeddings=embeddings, rules=rules, cpu=cpu)
     except SizingError as e:
         return None, f"refused: {e}"
     except Exception as e:  # a prediction bug must not stop the measurement
@@ -424,7 +472,12 @@ def run_case(
     if save_logs is not None:
         safe = "".join(ch if ch.isalnum() or ch in "=._-" else "_" for ch in case.setting.label)
         (save_logs / f"{case.arch}__{safe}.log").write_text(outcome.log, encoding="utf-8")
-    predicted, why = predict(meta, case.setting.settings, embeddings=embedding, build=build)
+    # the features repacking follows: the build's own system_info line (what ggml's
+    # ggml_cpu_has_* answer for the variant it loaded on this CPU), not the rest of the log
+    cpu_target = parse_system_info(outcome.log)
+    predicted, why = predict(
+        meta, case.setting.settings, embeddings=embedding, build=build, cpu=cpu_target
+    )
     measured = measured_json(report)
     cpu = measured["devices"].get("CPU", {})
     verdicts = {
@@ -669,9 +722,10 @@ def render_markdown(result: MatrixResult, *, command: str) -> str:
         "- cells: `predicted / measured` MiB on the CPU device; model/KV/RS/output pass when they "
         "print the same to 0.01 MiB (the engine prints `%.2f`), compute when it lies within "
         "[measured, measured x 1.05]. `-` = nothing predicted (no footprint module, or it "
-        "raised); repacked weight copies (AMX) are listed apart and not in `model`. With",
-        "repacking on, `model` is `ok (bound)` when the plan bounds both the mapped span and",
-        "span + copies (the plan reports every CPU matmul weight as a possible copy).",
+        "raised). `repack` is the CPU_REPACK/AMX copies of weights, exact like `model` (the",
+        "mapped span left): the plan follows qmgui.core.repack's rules for the features the",
+        "engine's `system_info` line prints. Where no such line is read, `model` is `ok (bound)`",
+        "when the plan bounds the span and span + copies (every CPU matmul weight).",
         "- on a GPU: `docs/accuracy-gpu.md` (recorded H200 runs re-predicted by today's code, "
         "`bench/gpu_table.py`).",
         "",
@@ -687,18 +741,16 @@ def render_markdown(result: MatrixResult, *, command: str) -> str:
         "",
         "## Every run",
         "",
-        "| arch | setting | model | KV | RS | output | compute | repack | resolve() |",
+        "| arch | setting | model | repack | KV | RS | output | compute | resolve() |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        cpu = row["measured"]["devices"].get("CPU")
-        repack = f"{cpu['repack']['mib']:.2f}" if cpu and cpu["repack"]["lines"] else ""
         mism = row["resolve"]["mismatches"]
         res = "ok" if not mism else f"{len(mism)} mismatch"
         if not row["loaded"]:
             res = f"{_not_loaded(row)}; {res}"
-        cells = " | ".join(_cell(row, b) for b in ("model", "kv", "recurrent", "output", "compute"))
-        out.append(f"| {row['arch']} | {row['setting']} | {cells} | {repack} | {res} |")
+        cells = " | ".join(_cell(row, b) for b in BUFFERS)
+        out.append(f"| {row['arch']} | {row['setting']} | {cells} | {res} |")
     mismatches = grouped_mismatches(rows)
     out += ["", "## resolve() against the engine", ""]
     if mismatches:
@@ -782,7 +834,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="the reduced matrix (CI)")
-    ap.add_argument("--arch", action="append", choices=sorted(PRESETS), help="repeatable")
+    ap.add_argument(
+        "--arch",
+        action="append",
+        choices=sorted([*PRESETS, *REPACK_MODELS]),
+        help="repeatable; the 4-bit REPACK_MODELS (llama+Q4_0, ...) run the repack rows",
+    )
     ap.add_argument("--jobs", type=int, default=2, help="parallel servers (default 2)")
     ap.add_argument("--binary", help="llama-server to use (default: found like the tests do)")
     ap.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds per load")
@@ -794,7 +851,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not binary:
         print("llama-server not found: set QMGUI_TEST_LLAMA_SERVER or put it on PATH")
         return 2
-    archs = ns.arch or list(PRESETS)
+    archs = ns.arch or [*PRESETS, *REPACK_MODELS]
     cases = build_matrix(archs, quick=ns.quick)
     result = run_matrix(cases, binary, jobs=ns.jobs, timeout_s=ns.timeout, save_logs=ns.save_logs)
     print_summary(result)
