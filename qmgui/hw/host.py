@@ -8,6 +8,7 @@ None (or empty) with a note in ``problems``, never an exception.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import platform
 from collections.abc import Iterable
@@ -233,6 +234,11 @@ def read_cpu_flags(cpuinfo_path: str = CPUINFO) -> frozenset[str]:
     return _cpu_model_and_flags(cpuinfo_path, problems)[1]
 
 
+@functools.cache
+def _host_flags() -> frozenset[str]:
+    return read_cpu_flags()  # read once: a plan is made per keystroke in the window
+
+
 def cpu_target(
     build: int | None = None, *, flags: frozenset[str] | None = None
 ) -> CpuTarget | None:
@@ -242,7 +248,7 @@ def cpu_target(
     cannot be read (Windows, macOS: no /proc/cpuinfo): plans then charge only the bound
     (`repack_bound`). The engine's own `system_info` line, where a launch printed it, is the
     exact answer (qmgui.core.repack.parse_system_info)."""
-    flags = read_cpu_flags() if flags is None else flags
+    flags = _host_flags() if flags is None else flags
     if not flags:
         return None
     return target_from_cpuinfo(flags, build=build)

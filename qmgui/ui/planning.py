@@ -35,6 +35,7 @@ from qmgui.core.units import MIB
 from qmgui.core.vllm import VllmPins, VllmPlan, plan_vllm
 from qmgui.engines.bench import BenchStore
 from qmgui.engines.model_ports import choose_port
+from qmgui.hw.host import cpu_target
 from qmgui.service.disk import disk_advice
 from qmgui.service.launch import (
     Request,
@@ -231,6 +232,8 @@ def plan_model(
     # sized by the rules of the build that will run it (its probed --version)
     build = target.build if target is not None and not isinstance(target, str) else None
     rules, rules_note = rules_for(build)
+    # weight repacking follows this machine's CPU; a what-if machine's is not known (bound)
+    rules = replace(rules, cpu=None if hw.what_if else cpu_target(rules.build))
     budget = replace(budget_for(sized, reserve_mib), rules=rules)
     fit: FitResult | None = None
     error: str | None = None

@@ -45,6 +45,9 @@ SEGMENTS: dict[str, tuple[str, QColor]] = {
     "engines": ("Running engines", QColor(38, 166, 154)),
     "others": ("Other processes", QColor(96, 96, 110)),
     "weights": ("Weights", QColor(66, 133, 244)),
+    # the CPU backend's repacked copies of weights (CPU_REPACK, AMX): resident, beside the
+    # mapped file (qmgui.core.repack)
+    "repack": ("Repacked weights", QColor(129, 212, 250)),
     "kv": ("KV cache", QColor(245, 150, 40)),
     "compute": ("Compute", QColor(156, 95, 200)),
     "other": ("Output, state", QColor(120, 144, 156)),
@@ -105,6 +108,7 @@ def gib(n: int) -> str:
 def _segments(d: DeviceFootprint) -> tuple[tuple[str, int], ...]:
     return (
         ("weights", d.weights),
+        ("repack", d.repack),
         ("kv", d.kv),
         ("compute", d.compute),
         ("other", d.output + d.recurrent),
@@ -313,7 +317,7 @@ class Legend(QLabel):
     word-wrapped label: its minimum width is one item, so it never widens the panel). The
     running-engine, other-process and engine-context swatches show only when a bar has them."""
 
-    OPTIONAL = ("engines", "others", "context", "bound")
+    OPTIONAL = ("engines", "others", "repack", "context", "bound")
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -409,6 +413,8 @@ class MemoryPanel(QWidget):
             present.append("engines")
         if any(spec.others for spec in specs):
             present.append("others")
+        if any(n for spec in specs for k, n in spec.segments if k == "repack"):
+            present.append("repack")
         if any(n for spec in specs for k, n in spec.segments if k == "context"):
             present.append("context")
         self._bounds = tuple(b for spec in specs for b in spec.bounds)
