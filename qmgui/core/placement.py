@@ -38,7 +38,10 @@ The rules, in order, and why:
   share a card, so each replica has a card of its own to serve from.
 - Slots (`Request.max_slots`): after the contexts have grown, a request's slots grow toward
   `max_slots` (bisection on its cards), each slot keeping the context reached with one, so a
-  card serves as many full windows as it holds and no more.
+  card serves as many full windows as it holds and no more. With `Request.slot_share` the
+  model's whole footprint with its slots stays within that share of each of its cards (its
+  memory less the reserve): a role that shares its card by design (vision, an LLM reranker)
+  leaves the rest to the others; one slot is always kept.
 - Idle cards (`widen_idle`): a card nothing runs on, once everything is placed, widens the
   context of a model still below its target: the model is split over its cards and the idle
   ones (roomiest first, the fewest that reach the target), when that reaches the target or
@@ -133,6 +136,9 @@ class Request:
     apart: str | None = None
     # grow the slots toward this after the context, each slot keeping the context reached
     max_slots: int | None = None
+    # the slots grow only while the footprint stays within this share of each of its cards
+    # (the card's memory less the reserve); None: all the room left
+    slot_share: float | None = None
 
 
 @dataclass(frozen=True)
@@ -325,8 +331,11 @@ def _engine_order(cards: Sequence[Gpu], room: _Room, index: Mapping[str, int]) -
 class _Placer:
     """One `place` call: the cards, the room left and the estimator."""
 
-    def __init__(self, gpus: Sequence[Gpu], room: _Room, estimate: Estimator) -> None:
+    def __init__(
+        self, gpus: Sequence[Gpu], room: _Room, estimate: Estimator, reserve: int = 0
+    ) -> None:
         self.gpus = tuple(gpus)
+        self.reserve = reserve
         self.index = {g.name: i for i, g in enumerate(self.gpus)}
         self.by_name = {g.name: g for g in self.gpus}
         self.room = room
@@ -708,7 +717,7 @@ def place(
     size = {r.name: _demand(r, gpus, sizing) for r in requests}
 
     def pack(reqs: Sequence[Request]) -> tuple[_Placer, _Packed]:
-        placer = _Placer(gpus, _Room(dict(start.gpu), start.host), sizing)
+        placer = _Placer(gpus, _Room(dict(start.gpu), start.host), sizing, reserve)
         return placer, _pack(placer, reqs, size)
 
     # which models run: pinned ones, then the smallest, each admitted only when everything
@@ -780,7 +789,7 @@ def place_stages(
             {g.name: max(g.available - reserve - used.get(g.name, 0), 0) for g in gpus},
             None if host_bytes is None else host_bytes - used.get(CPU, 0),
         )
-        placer = _Placer(gpus, room, sizing)
+        placer = _Placer(gpus, room, sizing, reserve)
         requests = [r for stage in stages for r in stage]
         _widen_all(placer, placed, requests, first)
         _grow_slots_all(placer, placed, requests)
@@ -788,9 +797,12 @@ def place_stages(
     return Placement(tuple(placed), tuple(unplaced), cards, host)
 
 
-def _grow_slots(placer: _Placer, placed: Placed, meta: ModelMeta, ceiling: int) -> Placed:
+def _grow_slots(
+    placer: _Placer, placed: Placed, meta: ModelMeta, ceiling: int, share: float | None = None
+) -> Placed:
     """The most slots up to `ceiling` whose each keeps the context the model has with one, on
-    its cards (bisection: more slots only ever need more memory)."""
+    its cards (bisection: more slots only ever need more memory); with `share`, only while
+    the footprint stays within that share of each card's memory less the reserve."""
     fp = placed.footprint
     if fp.settings.n_seq != 1 or ceiling <= 1:
         return placed
@@ -802,7 +814,20 @@ def _grow_slots(placer: _Placer, placed: Placed, meta: ModelMeta, ceiling: int) 
         s = replace(placed.settings, parallel=n, ctx_size=n * per_slot)
         return _size(meta, s, cards, room, placer.estimate)
 
-    n = largest(1, ceiling, lambda n: n == 1 or at(n).fits)
+    def within(t: _Try) -> bool:
+        if share is None:
+            return True
+        return all(
+            _on(_fp(t), c.name) <= share * max(c.available - placer.reserve, 0) for c in cards
+        )
+
+    def ok(n: int) -> bool:
+        if n == 1:
+            return True
+        t = at(n)
+        return t.fits and within(t)
+
+    n = largest(1, ceiling, ok)
     if n is None or n == 1:
         return placed
     grown = at(n)
@@ -816,7 +841,7 @@ def _grow_slots_all(placer: _Placer, placed: list[Placed], requests: Sequence[Re
     for i, p in enumerate(placed):
         req = by_name.get(p.name)
         if req is not None and req.max_slots:
-            placed[i] = _grow_slots(placer, p, req.meta, req.max_slots)
+            placed[i] = _grow_slots(placer, p, req.meta, req.max_slots, req.slot_share)
 
 
 def _widen(

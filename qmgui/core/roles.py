@@ -11,7 +11,11 @@ says where chat ended up below what was asked. The rules, and why:
 - Slots: chat is memory-aware up to 4 slots (`CHAT_SLOTS`), each keeping the whole window: its
   context grows first with one slot, then the slots grow while the cards hold that many full
   windows (bisection, `Request.max_slots`). Vision (concurrent pages) and an LLM reranker
-  (concurrent candidates) grow the same way up to their own ceilings. Embed and cross-encoder
+  (concurrent candidates) grow the same way up to their own ceilings, but only while the
+  server's whole footprint stays within half of each of its cards (`SLOT_SHARE`,
+  `Request.slot_share`): they share the card by design, with chat placed after them, and a
+  card that cannot give them that half leaves them one slot. `slots=` asks for that many
+  against all the room left. Embed and cross-encoder
   rerank serve one slot: the card is busy with one pooled batch, more slots only fragment the
   cache; clients batch on the request side.
 - Embed: `--embedding` with `--pooling` from the model (`<arch>.pooling_type`; `last` for a
@@ -50,6 +54,8 @@ CHAT_CTX = 32768  # chat's per-slot target: a working window for agents (ctx= as
 VISION_CTX = 8192  # a page or two of image tokens and the answer
 LLM_RERANK_CTX = 4096  # a query and one candidate
 EMBED_CTX = 4096  # embed/rerank: the trained context, at most this (batch = context)
+# vision and an LLM reranker grow their slots only within this share of each of their cards
+SLOT_SHARE = 0.5
 MAX_REPLICAS = 64
 _DEFAULT_TRAINED = 4096
 # backends whose flash attention is complete enough to ask for outright; others get "auto"
@@ -206,6 +212,7 @@ class RoleLaunch:
     slots_asked: int
     args: tuple[str, ...] = ()  # extra engine arguments (--pooling)
     notes: tuple[str, ...] = ()
+    slot_share: float | None = None  # the slots grow within this share of each card
 
 
 def rerank_mode(meta: ModelMeta, asked: RerankMode | None = None) -> RerankMode:
@@ -291,9 +298,11 @@ def role_launch(
     slots = spec.slots or ceiling
     settings = replace(common, parallel=1, cache_type_k=ctk, cache_type_v=ctv)
     context = AutoContext(target=target, minimum=min(DEFAULT_MIN_CONTEXT, target))
+    share = SLOT_SHARE if role is not Role.CHAT and spec.slots is None else None
     return RoleLaunch(
-        role, mode, served, settings, context, slots, target, slots, notes=tuple(notes)
-    )
+        role, mode, served, settings, context, slots, target, slots, notes=tuple(notes),
+        slot_share=share,
+    )  # fmt: skip
 
 
 def _pooled(
@@ -374,6 +383,7 @@ def role_stages(instances: Sequence[Instance]) -> list[list[Request]]:
                 context=inst.launch.context,
                 apart=key if inst.replicas > 1 else None,
                 max_slots=inst.launch.max_slots,
+                slot_share=inst.launch.slot_share,
             )
         )
     return [s for s in stages if s]

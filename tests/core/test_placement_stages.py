@@ -66,6 +66,25 @@ def test_slots_stay_at_one_when_the_context_fell_short_of_its_target() -> None:
     assert s.n_seq == 1 and 4096 <= s.n_ctx_seq < 32768
 
 
+def test_a_slot_share_keeps_the_slots_within_that_share_of_the_card() -> None:
+    # 1 GiB of weights, 8192-token windows of 448 MiB: a 4 GiB card holds four of them, half
+    # of it (2 GiB, the card less the reserve) two: 1 GiB + 2 x 448 MiB, not 1 GiB + 3 x 448
+    auto = AutoContext(target=8192, minimum=1024)
+    r = Request("vision", model(1), LaunchSettings(parallel=1), context=auto, max_slots=4)
+    gpus = (replace(cards(1)[0], total_bytes=4 * GIB + 256 * MIB),)
+    free = place([r], gpus, reserve=256 * MIB, estimate=toy).placed[0]
+    assert free.footprint.settings.n_seq == 4
+    half = place([replace(r, slot_share=0.5)], gpus, reserve=256 * MIB, estimate=toy)
+    s = half.placed[0].footprint.settings
+    assert (s.n_seq, s.n_ctx_seq) == (2, 8192)
+    assert half.placed[0].bytes_on("GPU0") <= 2 * GIB
+    # weights over the share: one slot is still served
+    big = replace(r, meta=model(2.5), slot_share=0.5)
+    assert (
+        place([big], gpus, reserve=256 * MIB, estimate=toy).placed[0].footprint.settings.n_seq == 1
+    )
+
+
 def test_slots_grow_on_a_split_too() -> None:
     # 6 GiB of weights over two 4 GiB cards: split; two full 4096 windows fit, not three
     auto = AutoContext(target=4096, minimum=4096)

@@ -10,15 +10,17 @@ import gguf
 import pytest
 
 from qmgui.core.discovery import entry_for_path
-from qmgui.core.footprint import estimate
+from qmgui.core.footprint import Gpu, estimate
 from qmgui.core.launch import LaunchSettings, resolve
 from qmgui.core.meta import ModelClass, ModelMeta, Pooling
-from qmgui.core.placement import DEFAULT_MIN_CONTEXT, AutoContext, Placed
+from qmgui.core.placement import DEFAULT_MIN_CONTEXT, AutoContext, Placed, place_stages
 from qmgui.core.roles import (
     CHAT_CTX,
     CHAT_SLOTS,
     EMBED_CTX,
+    SLOT_SHARE,
     STAGES,
+    VISION_CTX,
     RerankMode,
     Role,
     RoleError,
@@ -268,3 +270,27 @@ def test_chat_below_what_was_asked_is_a_warning(metas: dict[str, ModelMeta]) -> 
     embed = RoleSpec(Role.EMBED, "e")
     (e,) = role_instances([(embed, role_launch(embed, metas["bert"]))], 1)
     assert shortfalls(e, placed(1, 256)) == []  # the warning is chat's
+
+
+def test_vision_and_an_llm_reranker_grow_slots_within_half_the_card(
+    metas: dict[str, ModelMeta],
+) -> None:
+    m = metas["llama"]
+    vision = role_launch(RoleSpec(Role.VISION, "v"), m, backends=("cuda",))
+    rerank = role_launch(RoleSpec(Role.RERANK, "r"), metas["qwen3"], backends=("cuda",))
+    assert vision.slot_share == rerank.slot_share == SLOT_SHARE == 0.5
+    assert role_launch(RoleSpec(Role.CHAT, "c"), m).slot_share is None  # all the room left
+    assert role_launch(RoleSpec(Role.EMBED, "e"), metas["bert"]).slot_share is None
+    asked = role_launch(RoleSpec(Role.VISION, "v", slots=2), m)
+    assert asked.slot_share is None  # slots= asks for them against all the room left
+    # a card that holds two full windows, where two are more than half of it: one slot
+    window = vision.ctx_asked  # VISION_CTX, or the trained context below it
+    assert window == min(VISION_CTX, m.context_length or VISION_CTX)
+    two = replace(vision.settings, parallel=2, ctx_size=2 * window)
+    need = sum(d.total for d in estimate(vision.meta, two, (Gpu("GPU0", 1 << 40),)).devices)
+    card = (Gpu("GPU0", need * 6 // 5),)
+    spec = RoleSpec(Role.VISION, "v")
+    for launch, slots in ((asked, 2), (vision, 1)):
+        stages = role_stages(role_instances([(spec, launch)], 1))
+        (x,) = place_stages(stages, card, reserve=0).placed
+        assert (x.footprint.settings.n_seq, x.footprint.settings.n_ctx_seq) == (slots, window)
