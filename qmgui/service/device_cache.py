@@ -125,7 +125,7 @@ class Answer:
 
 @dataclass(frozen=True)
 class _Entry:
-    executable: str  # the real path, to forget a build's entries
+    executable: str  # the real path (what the key was made from, for a reader of the file)
     answer: Answer
 
 
@@ -332,7 +332,7 @@ class DeviceCache:
     ) -> None:
         """Keep what the engine said now (an answer `ttl_of` would not keep drops the
         entry instead). Never raises: a cache that cannot be written is only slower."""
-        why = None if why is None else printable(why)[:MAX_WHY]
+        why = None if why is None else printable(why)[:MAX_WHY] or "it could not be asked"
         answer = Answer(listed, why, self.clock())
         real = os.path.realpath(os.path.expanduser(executable))
         if len(real) > MAX_PATH:
@@ -350,20 +350,6 @@ class DeviceCache:
     def drop(self, key: str) -> None:
         """Forget the answer under `key`: the next read asks the engine."""
         self._update(lambda entries, clean: entries.pop(key, None) is not None)
-
-    def forget(self, executable: str) -> None:
-        """Forget every answer of `executable` (any environment, any GPU set)."""
-        real = os.path.realpath(os.path.expanduser(executable))
-
-        def change(entries: dict[str, _Entry], clean: list[str]) -> bool:
-            gone = [k for k, e in entries.items() if e.executable == real]
-            for k in gone:
-                del entries[k]
-            return bool(gone)
-
-        self._update(change)
-
-    # -- the file --
 
     def is_clean(self, digest: str) -> bool:
         """The settings file whose `digest` this is was read by the full loader without a

@@ -127,17 +127,19 @@ def registered_engine(backend_arg: str | None = None) -> DeviceEngine | None:
     from qmgui.service import device_cache  # noqa: PLC0415 - only when a build is asked
 
     store = device_cache.DeviceCache()
-    digest = _settings_digest()
-    if digest is not None and store.is_clean(digest):
-        try:
-            return device_engine(_light_registry(), backend_arg)
+    data = _settings_bytes()
+    digest = None if data is None else _settings_digest(data)
+    if data is not None and digest is not None and store.is_clean(digest):
+        try:  # the very bytes the digest was taken of
+            return device_engine(_light_registry(data), backend_arg)
         except _NotLight:
             pass
     from qmgui.service.launch import load_quietly  # noqa: PLC0415 - the full loader
 
     loaded = load_quietly()
     backends = [e.to_core() for e in loaded.settings.backends]
-    if digest is not None and not loaded.messages and _settings_digest() == digest:
+    again = _settings_bytes()
+    if digest is not None and not loaded.messages and again is not None and again == data:
         store.mark_clean(digest)  # unchanged while it was loaded: these bytes load cleanly
     return device_engine(backends, backend_arg)
 
@@ -158,10 +160,8 @@ def _settings_bytes() -> bytes | None:
     return None if len(data) > MAX_SETTINGS_BYTES else data
 
 
-def _settings_digest() -> str | None:
-    data = _settings_bytes()
-    if data is None:
-        return None
+def _settings_digest(data: bytes) -> str:
+    """The sha256 of the settings file's bytes and this build's settings module."""
     import hashlib  # noqa: PLC0415
 
     import qmgui  # noqa: PLC0415
@@ -177,15 +177,12 @@ def _settings_digest() -> str | None:
     return h.hexdigest()
 
 
-def _light_registry() -> list[registry.Backend]:
+def _light_registry(data: bytes) -> list[registry.Backend]:
     """The registry's entries read with json alone (fields `device_engine` reads); raises
     `_NotLight` for anything the full loader would have to say something about."""
     from qmgui.core.errors import QmguiError  # noqa: PLC0415
     from qmgui.core.safeio import loads_json  # noqa: PLC0415
 
-    data = _settings_bytes()
-    if data is None:
-        raise _NotLight
     if not data:
         return []
     try:

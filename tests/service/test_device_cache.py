@@ -464,7 +464,7 @@ def test_a_settings_file_read_cleanly_once_is_read_with_json_alone(
     assert len(full) == 1
 
 
-def _refuse_light() -> Any:
+def _refuse_light(data: bytes) -> Any:
     raise devices._NotLight
 
 
@@ -508,9 +508,7 @@ def test_a_forged_clean_mark_does_not_let_a_bad_file_through(
     full = _count_full_loads(monkeypatch)
     for text in bad:
         path.write_text(text, encoding="utf-8")
-        digest = devices._settings_digest()
-        assert digest is not None
-        DeviceCache().mark_clean(digest)
+        DeviceCache().mark_clean(devices._settings_digest(path.read_bytes()))
         full.clear()
         registered_engine()
         assert len(full) == 1, text
