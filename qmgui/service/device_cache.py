@@ -334,7 +334,10 @@ class DeviceCache:
         entry instead). Never raises: a cache that cannot be written is only slower."""
         why = None if why is None else printable(why)[:MAX_WHY] or "it could not be asked"
         answer = Answer(listed, why, self.clock())
-        real = os.path.realpath(os.path.expanduser(executable))
+        try:
+            real = os.path.realpath(os.path.expanduser(executable))
+        except (OSError, ValueError):  # a NUL in the path
+            return
         if len(real) > MAX_PATH:
             return
         keep = ttl_of(answer, host) > 0

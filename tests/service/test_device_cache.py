@@ -561,3 +561,20 @@ def test_a_kept_answer_plans_without_the_settings_loader_or_the_engine(tmp_path:
     assert runs.read_text(encoding="utf-8").count("run") == 1
     heavy = ("pydantic", "qmgui.settings", "qmgui.engines", "qmgui.service.launch")
     assert [m for m in loaded if m.startswith(heavy)] == []
+
+
+def test_a_lock_held_elsewhere_or_an_odd_path_only_means_nothing_is_kept(
+    exe: str, cache: DeviceCache
+) -> None:
+    from filelock import FileLock
+
+    cache.put("0" * 64, "/a\0b", None, "x", ())  # never raises
+    cache.path.parent.mkdir(parents=True)
+    other = FileLock(f"{cache.path}.lock")
+    with other:  # another process writing for longer than LOCK_TIMEOUT_S
+        runner = Replay("cuda-4090-3090.txt")
+        machine = read(exe, runner, cache)
+    assert [g.name for g in machine.gpus] == ["CUDA0", "CUDA1"] and not cache.path.exists()
+    read(exe, runner, cache)  # the lock is free again: kept now
+    read(exe, runner, cache)
+    assert len(runner.calls) == 2
