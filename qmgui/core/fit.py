@@ -281,6 +281,43 @@ def offload_for_context(
     return replace(fitted, nearest=nearest)
 
 
+def _largest_sized(
+    meta: ModelMeta, budget: Budget, mmproj: ModelMeta | None,
+    cand: Callable[[int], LaunchSettings], *, lo: int, hi: int,
+) -> int | None:  # fmt: skip
+    """`largest(lo, hi, n -> cand(n) fits)` in a few full estimates, as max_context searches:
+    each candidate is a new offload, whose compute buffers cost a compile of the scheduler's
+    walk at first, so the bisection runs on the cheap part plus the compute buffers of
+    `cand(hi)` (measured once), and full checks gallop from that guess, up or down, to the
+    answer (the fits' own answer, whatever the guess)."""
+    known: dict[int, bool] = {}
+
+    def ok(n: int) -> bool:
+        if n not in known:
+            known[n] = _fits(meta, cand(n), budget, mmproj)
+        return known[n]
+
+    top = estimate(meta, cand(hi), budget.gpus, rules=budget.rules, mmproj=mmproj)
+    extra = {d.name: d.compute for d in top.devices}
+
+    def cheap_ok(n: int) -> bool:
+        s = cand(n)
+        fp = estimate(meta, s, budget.gpus, compute=False, rules=budget.rules, mmproj=mmproj)
+        return _within(fp, s, budget, extra)
+
+    guess = largest(lo, hi, cheap_ok)
+    x, step = (lo if guess is None else guess), 1
+    if ok(x):  # the answer is x or above: up until a candidate fails
+        while x + step <= hi and ok(x + step):
+            x += step
+            step *= 2
+        return largest(x, min(x + step, hi), ok)
+    while x - step >= lo and not ok(x - step):  # below x: down until one fits
+        x -= step
+        step *= 2
+    return largest(max(x - step, lo), x - 1, ok)
+
+
 def _nearest_offload(
     meta: ModelMeta, settings: LaunchSettings, budget: Budget, mmproj: ModelMeta | None = None
 ) -> LaunchSettings | None:
@@ -289,11 +326,10 @@ def _nearest_offload(
     n_total = meta.n_layer + 1
     if meta.is_moe:
         # keep every layer on the GPU and move experts of the first N layers to the CPU
-        def moe_ok(n: int) -> bool:
-            cand = replace(settings, n_gpu_layers=n_total, n_cpu_moe=meta.n_layer - n)
-            return _fits(meta, cand, budget, mmproj)
+        def moe(n: int) -> LaunchSettings:
+            return replace(settings, n_gpu_layers=n_total, n_cpu_moe=meta.n_layer - n)
 
-        kept = largest(0, meta.n_layer, moe_ok)
+        kept = _largest_sized(meta, budget, mmproj, moe, lo=0, hi=meta.n_layer)
         if kept is not None:
             return replace(settings, n_gpu_layers=n_total, n_cpu_moe=meta.n_layer - kept)
 
