@@ -19,7 +19,7 @@ import pytest
 
 from qmgui.cli import place as place_cmd
 from qmgui.core.discovery import entry_for_path
-from qmgui.core.roles import CHAT_CTX, EMBED_CTX
+from qmgui.core.roles import CHAT_CTX, CHAT_MIN_CTX, EMBED_CTX
 from tests.core.test_export_hostile import swap_load
 from tests.synth.factory import FULL_SIZE_PRESETS, PRESETS, write_gguf, write_mmproj
 from tests.test_cli import run
@@ -152,6 +152,34 @@ def test_an_idle_card_widens_chat(tmp_path: Path) -> None:
     assert d["context"] >= 1.25 * s["context"]
     assert any("widened onto idle" in n for n in d["notes"])
     assert flag(d["argv"], "-ts") == ",".join(f"{x:g}" for x in d["tensor_split"])
+
+
+def test_a_chat_below_a_grounded_window_trades_layers_for_it_or_is_refused(
+    tmp_path: Path,
+) -> None:
+    # the 4B model (2.1 GiB of weights) on a 3.6 GiB card holds 6400 tokens beside all its
+    # layers: below the 8192 a grounded answer needs. It leaves layers in system memory to
+    # hold 8192; with ngl= it may not, and is refused with the numbers; ctx=4096 asks for less
+    big = write_gguf(tmp_path / "q4b.gguf", FULL_SIZE_PRESETS["qwen3-4b"], sparse=True)
+    card = ("--gpu", "3.6GiB", "--reserve", "0")
+    code, doc, _ = place_json("--role", f"chat={big}", *card)
+    chat = rows(doc)["chat"]
+    assert code == 0 and chat["context_per_slot"] >= CHAT_MIN_CTX
+    assert int(flag(chat["argv"], "-ngl")) < 37  # 36 layers and the output
+    (traded,) = [w for w in doc["warnings"] if "to hold the 8192-token window" in w]
+    assert traded.startswith("chat: ") and "layers on the GPU" in traded
+    code, doc, _ = place_json("--role", f"chat={big}:ngl=99", *card)
+    chat = rows(doc)["chat"]
+    assert code == 1 and not chat["placed"]
+    assert "holds only a 6400-token context" in chat["reason"]
+    assert f"a grounded answer needs about {CHAT_MIN_CTX} tokens" in chat["reason"]
+    code, doc, _ = place_json("--role", f"chat={big}:ctx=4096", *card)
+    chat = rows(doc)["chat"]
+    assert code == 0 and chat["context_per_slot"] == 4096
+    assert int(flag(chat["argv"], "-ngl")) == 37
+    # the weights alone do not fit the card: no trade, a model that answers from host memory
+    code, doc, _ = place_json("--role", f"chat={big}", "--gpu", "2GiB", "--reserve", "0")
+    assert code == 1 and not rows(doc)["chat"]["placed"]
 
 
 def test_a_placement_without_a_gpu(models: Path, monkeypatch: pytest.MonkeyPatch) -> None:

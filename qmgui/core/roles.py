@@ -25,6 +25,16 @@ says where chat ended up below what was asked. The rules, and why:
 - Rerank: a cross-encoder (rank pooling, `--reranking`) like embed; a causal LM without a rank
   head is served as an LLM reranker (generative: no `--reranking`, flash attention, slots).
 - Vision needs its projector (`--mmproj`); without one the role is skipped with a warning.
+- Chat's window: placement guarantees chat `CHAT_MIN_CTX` tokens (a grounded answer: a system
+  prompt, a retrieved source, the question and room for the answer), so a chat model whose
+  cards hold its weights but not that window is not served, with the numbers
+  (`grounded_refusal`): below it an agent's prompt is cut or refused on every turn. A `ctx=`
+  below it is the user's choice and is the minimum instead. Before refusing, a chat whose
+  weights alone fit a card buys that window by leaving layers (for MoE, experts first) in
+  system memory (`trade_layers`: the most GPU layers that hold it, placement's offload
+  search): a slower chat beats none. Not when `ngl=` was given (the user's choice), and never
+  for a speculator head (`NON_TRADABLE`): their estimate falls further behind the longer the
+  window, so a search that maximises the window maximises the error.
 - Flash attention: off for embed and cross-encoder rerank (one pooled batch); for the others
   `on` where the backend's flash attention is complete (CUDA, ROCm, Metal, the CPU) and the
   engine's `auto` elsewhere (Vulkan, SYCL), which enables it only where it works. A quantized V
@@ -38,13 +48,20 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from qmgui.core.errors import QmguiError
 from qmgui.core.launch import CACHE_TYPES, LaunchSettings
 from qmgui.core.meta import ModelClass, ModelMeta, Pooling
-from qmgui.core.placement import DEFAULT_MIN_CONTEXT, AutoContext, Placed, Request
+from qmgui.core.placement import (
+    DEFAULT_MIN_CONTEXT,
+    AutoContext,
+    Nearest,
+    Placed,
+    Request,
+    Unplaced,
+)
 
 CHAT_SLOTS = 4  # chat's slot ceiling: concurrent agents, each with the whole window
 AUX_SLOTS = 1  # embed and cross-encoder rerank
@@ -56,7 +73,15 @@ LLM_RERANK_CTX = 4096  # a query and one candidate
 EMBED_CTX = 4096  # embed/rerank: the trained context, at most this (batch = context)
 # vision and an LLM reranker grow their slots only within this share of each of their cards
 SLOT_SHARE = 0.5
+# the window chat is guaranteed (unless ctx= asks for less): a grounded answer's system
+# prompt, one retrieved source, the question and room for the answer (lilbee's
+# _MIN_USABLE_CHAT_CTX, the same number)
+CHAT_MIN_CTX = 8192
 MAX_REPLICAS = 64
+# architectures whose chat never trades layers for context: llama.cpp's EAGLE3 speculator
+# head scores every position it proposes, so its compute buffer grows with the window while
+# estimates price it by the batch (lilbee measured 59648 tokens granted against 1413 MiB)
+NON_TRADABLE = frozenset({"eagle3"})
 _DEFAULT_TRAINED = 4096
 # backends whose flash attention is complete enough to ask for outright; others get "auto"
 TRUSTED_FLASH = frozenset({"cuda", "rocm", "hip", "metal", "cpu"})
@@ -297,7 +322,8 @@ def role_launch(
     target = min(spec.ctx or default_ctx, trained)
     slots = spec.slots or ceiling
     settings = replace(common, parallel=1, cache_type_k=ctk, cache_type_v=ctv)
-    context = AutoContext(target=target, minimum=min(DEFAULT_MIN_CONTEXT, target))
+    floor = CHAT_MIN_CTX if role is Role.CHAT else DEFAULT_MIN_CONTEXT
+    context = AutoContext(target=target, minimum=min(floor, target))
     share = SLOT_SHARE if role is not Role.CHAT and spec.slots is None else None
     return RoleLaunch(
         role, mode, served, settings, context, slots, target, slots, notes=tuple(notes),
@@ -403,3 +429,55 @@ def shortfalls(inst: Instance, placed: Placed) -> list[str]:
         f"{asked_slots} x {asked_ctx}); requests beyond {r.n_seq} at once wait for a free "
         "slot. A smaller model or a lower ctx= frees room for more slots"
     ]
+
+
+def grounded_refusal(inst: Instance, unplaced: Unplaced) -> Unplaced:
+    """A chat that placement could not give its minimum window (`CHAT_MIN_CTX`, or the `ctx=`
+    asked below it), where a shorter window would fit: the reason says so with the numbers.
+    Anything else is returned as it is."""
+    context = inst.launch.context
+    if inst.spec.role is not Role.CHAT or context is None:
+        return unplaced
+    shorter = next((n for n in unplaced.nearest if n.kind is Nearest.CONTEXT), None)
+    fits = shorter.settings.ctx_size if shorter is not None else None
+    if fits is None or fits >= context.minimum:
+        return unplaced
+    reason = (
+        f"{inst.launch.meta.name} loads, but the memory left after its weights holds only a "
+        f"{fits}-token context, and a grounded answer needs about {context.minimum} tokens "
+        "(a system prompt, a retrieved source, the question and room for the answer), so it "
+        "is not served. Use a smaller model or quant, or ask for less with ctx="
+    )
+    return replace(unplaced, reason=reason)
+
+
+def trade_layers(
+    inst: Instance, unplaced: Unplaced, free: Mapping[str, int | None]
+) -> tuple[LaunchSettings, str] | None:
+    """The settings with which a chat that placement could not give its minimum window holds
+    it on one card by leaving layers (MoE: experts first) in system memory, from placement's
+    offload suggestion, and a note saying so. None where it may not trade: another role,
+    `ngl=` given, a speculator head (`NON_TRADABLE`), no offload that holds the window, or
+    weights that alone exceed the card's `free` memory (past that the model would answer from
+    host memory: the trade would buy a window for a model too slow to use)."""
+    context = inst.launch.context
+    if inst.spec.role is not Role.CHAT or inst.spec.ngl is not None or context is None:
+        return None
+    meta = inst.launch.meta
+    if meta.architecture in NON_TRADABLE:
+        return None
+    offload = next((n for n in unplaced.nearest if n.kind is Nearest.OFFLOAD), None)
+    if offload is None or len(offload.devices) != 1:
+        return None
+    room = free.get(offload.devices[0])
+    if room is None or meta.weight_bytes > room:
+        return None
+    n = offload.settings
+    settings = replace(inst.launch.settings, n_gpu_layers=n.n_gpu_layers, n_cpu_moe=n.n_cpu_moe)
+    moe = f", experts of {n.n_cpu_moe} layers on the CPU" if n.n_cpu_moe else ""
+    note = (
+        f"{n.n_gpu_layers} of {meta.n_layer + 1} layers on the GPU{moe}, the rest in system "
+        f"memory, to hold the {context.minimum}-token window a grounded answer needs (slower; "
+        "ngl= keeps them all and refuses instead)"
+    )
+    return settings, note

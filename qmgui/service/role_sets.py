@@ -37,11 +37,13 @@ from qmgui.core.roles import (
     RoleError,
     RoleLaunch,
     RoleSpec,
+    grounded_refusal,
     parse_role,
     role_instances,
     role_launch,
     role_stages,
     shortfalls,
+    trade_layers,
 )
 from qmgui.service.launch import Resolver, Target, backend_build, load_quietly
 from qmgui.settings import LoadResult
@@ -199,8 +201,28 @@ class RoleSet:
         p = place_stages(stages, self.gpus, reserve=self.opts.reserve,
                          host_bytes=self.opts.host_bytes, estimate=sizing,
                          widen_idle=True)  # fmt: skip
+        free = {d.device: d.free for d in p.gpus}
+        traded = {
+            u.name: t
+            for u in p.unplaced
+            if u.name in self.by_name
+            and (t := trade_layers(self.by_name[u.name], u, free)) is not None
+        }
+        if traded:  # chat buys its minimum window with layers in system memory
+            stages = [
+                [replace(r, settings=traded[r.name][0]) if r.name in traded else r for r in st]
+                for st in stages
+            ]
+            p = place_stages(stages, self.gpus, reserve=self.opts.reserve,
+                             host_bytes=self.opts.host_bytes, estimate=sizing,
+                             widen_idle=True)  # fmt: skip
         p, warnings = self._auto_replicas_left(p)
-        p = replace(p, unplaced=(*p.unplaced, *self.refused))
+        warnings += [f"{x.name}: {traded[x.name][1]}" for x in p.placed if x.name in traded]
+        short = tuple(
+            grounded_refusal(self.by_name[u.name], u) if u.name in self.by_name else u
+            for u in p.unplaced
+        )
+        p = replace(p, unplaced=(*short, *self.refused))
         for x in p.placed:
             warnings.extend(shortfalls(self.by_name[x.name], x))
         warnings += [

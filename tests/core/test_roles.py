@@ -13,9 +13,10 @@ from qmgui.core.discovery import entry_for_path
 from qmgui.core.footprint import Gpu, estimate
 from qmgui.core.launch import LaunchSettings, resolve
 from qmgui.core.meta import ModelClass, ModelMeta, Pooling
-from qmgui.core.placement import DEFAULT_MIN_CONTEXT, AutoContext, Placed, place_stages
+from qmgui.core.placement import AutoContext, Placed, place_stages
 from qmgui.core.roles import (
     CHAT_CTX,
+    CHAT_MIN_CTX,
     CHAT_SLOTS,
     EMBED_CTX,
     SLOT_SHARE,
@@ -27,12 +28,14 @@ from qmgui.core.roles import (
     RoleSpec,
     embed_pooling,
     flash_for,
+    grounded_refusal,
     parse_role,
     replica_count,
     role_instances,
     role_launch,
     role_stages,
     shortfalls,
+    trade_layers,
 )
 from tests.synth.factory import PRESETS, write_gguf
 
@@ -182,7 +185,7 @@ def test_chat_grows_to_its_target_then_up_to_four_slots(metas: dict[str, ModelMe
     m = metas["qwen3"]  # trained 40960
     launch = role_launch(RoleSpec(Role.CHAT, "c"), m, backends=("cuda",))
     assert launch.settings.parallel == 1
-    assert launch.context == AutoContext(target=CHAT_CTX, minimum=DEFAULT_MIN_CONTEXT)
+    assert launch.context == AutoContext(target=CHAT_CTX, minimum=CHAT_MIN_CTX)
     assert launch.max_slots == CHAT_SLOTS == 4
     asked = role_launch(RoleSpec(Role.CHAT, "c", ctx=99999, slots=2), m)
     assert asked.context is not None and asked.context.target == 40960  # the trained one
@@ -294,3 +297,66 @@ def test_vision_and_an_llm_reranker_grow_slots_within_half_the_card(
         stages = role_stages(role_instances([(spec, launch)], 1))
         (x,) = place_stages(stages, card, reserve=0).placed
         assert (x.footprint.settings.n_seq, x.footprint.settings.n_ctx_seq) == (slots, window)
+
+
+def test_a_chat_without_room_for_a_grounded_prompt_is_refused_unless_less_was_asked(
+    metas: dict[str, ModelMeta],
+) -> None:
+    m = metas["qwen3"]  # trained 40960
+    chat = RoleSpec(Role.CHAT, "c")
+    launch = role_launch(chat, m, backends=("cuda",))
+    assert CHAT_MIN_CTX == 8192 and launch.context is not None
+    assert launch.context.minimum == CHAT_MIN_CTX
+
+    def need(ctx: int) -> int:
+        s = replace(launch.settings, ctx_size=ctx)
+        fp = estimate(launch.meta, s, (Gpu("GPU0", 1 << 40),))
+        return next(d.total for d in fp.devices if d.name == "GPU0")
+
+    # the card holds the weights and 7168 tokens of context, not 8192
+    card = (Gpu("GPU0", need(7168)),)
+    (inst,) = role_instances([(chat, launch)], 1)
+    p = place_stages(role_stages([inst]), card, reserve=0)
+    assert not p.placed
+    (u,) = p.unplaced
+    refused = grounded_refusal(inst, u)
+    assert "holds only a 7168-token context" in refused.reason
+    assert "a grounded answer needs about 8192 tokens" in refused.reason
+    assert "ctx=" in refused.reason and refused.nearest == u.nearest
+    # asked for less: that is the minimum, and it is served
+    less = RoleSpec(Role.CHAT, "c", ctx=4096)
+    (small,) = role_instances([(less, role_launch(less, m, backends=("cuda",)))], 1)
+    assert small.launch.context == AutoContext(target=4096, minimum=4096)
+    (x,) = place_stages(role_stages([small]), card, reserve=0).placed
+    assert x.footprint.settings.n_ctx_seq == 4096
+    # another role, or a chat that fits nowhere at any context, keeps its reason
+    assert grounded_refusal(small, replace(u, nearest=())) == replace(u, nearest=())
+
+
+def test_chat_trades_layers_for_its_window_unless_asked_or_a_speculator_head(
+    metas: dict[str, ModelMeta],
+) -> None:
+    m = metas["qwen3"]
+    chat = RoleSpec(Role.CHAT, "c")
+    (inst,) = role_instances([(chat, role_launch(chat, m, backends=("cuda",)))], 1)
+    s = replace(inst.launch.settings, ctx_size=7168)
+    card = (Gpu("GPU0", next(d.total for d in estimate(m, s, (Gpu("GPU0", 1 << 40),)).devices
+                             if d.name == "GPU0")),)  # fmt: skip
+    (u,) = place_stages(role_stages([inst]), card, reserve=0).unplaced
+    free = {"GPU0": card[0].total_bytes}
+    traded = trade_layers(inst, u, free)
+    assert traded is not None
+    settings, note = traded
+    assert settings.n_gpu_layers is not None and settings.n_gpu_layers < m.n_layer + 1
+    assert f"to hold the {CHAT_MIN_CTX}-token window" in note
+    # placed with those layers, it holds the window
+    stages = [[replace(r, settings=settings) for r in st] for st in role_stages([inst])]
+    (x,) = place_stages(stages, card, reserve=0).placed
+    assert x.footprint.settings.n_ctx_seq >= CHAT_MIN_CTX
+    # never for a speculator head, a chat given ngl=, or weights over the card's free memory
+    head = replace(inst, launch=replace(inst.launch, meta=replace(m, architecture="eagle3")))
+    assert trade_layers(head, u, free) is None
+    pinned = replace(inst, spec=replace(chat, ngl=99))
+    assert trade_layers(pinned, u, free) is None
+    assert trade_layers(inst, u, {"GPU0": m.weight_bytes - 1}) is None
+    assert trade_layers(inst, replace(u, nearest=()), free) is None
