@@ -61,6 +61,7 @@ from qmgui.engines.registry import RunRegistry
 from qmgui.engines.residuals import ResidualStore, engine_pids, readback
 from qmgui.engines.runner import become_subreaper
 from qmgui.engines.supervisor import EngineSpec, State, Supervisor
+from qmgui.hw.host import cpu_target
 from qmgui.hw.nvml import read_nvml
 from qmgui.service.exposure import expose_spec
 from qmgui.service.launch import Request, UsageError, emit_model, engine_spec
@@ -133,7 +134,8 @@ def _plan(entry: Any, req: Any) -> Footprint | None:
     if entry.meta is None or entry.format != "gguf":
         return None
     try:  # by the rules of the build that runs (the comparison is with what it allocates)
-        return estimate(entry.meta, req.settings, req.gpus, rules=rules_for(req.build)[0])
+        rules = replace(rules_for(req.build)[0], cpu=cpu_target(req.build))
+        return estimate(entry.meta, req.settings, req.gpus, rules=rules)
     except SizingError as e:
         notify.warning(f"no plan to compare with: {e}", source=SOURCE)
         return None
@@ -180,6 +182,15 @@ def _compare(sup: Supervisor, entry: Any, req: Any) -> dict[str, Any]:
     }
 
 
+def _repack_text(d: dict[str, Any], *, planned: bool) -> str:
+    """Planned: the copies this CPU makes, or the most repacking can copy where the CPU is
+    not known ("≤"); actual: what it copied."""
+    repack = int(d.get("repack", 0))
+    if planned and not repack:
+        return "≤ " + format_bytes(int(d.get("repack_bound", 0)))
+    return format_bytes(repack)
+
+
 def _print_compare(data: dict[str, Any], out: TextIO) -> None:
     cols = ("", "DEVICE", "WEIGHTS", "KV", "COMPUTE", "OUTPUT", "REPACK", "TOTAL")
     rows: list[tuple[str, ...]] = [cols]
@@ -193,10 +204,7 @@ def _print_compare(data: dict[str, Any], out: TextIO) -> None:
                         format_bytes(int(d.get(k, 0)))
                         for k in ("weights", "kv", "compute", "output")
                     ),
-                    # planned: the most CPU repacking can copy; actual: what it copied
-                    ("≤ " + format_bytes(int(d.get("repack_bound", 0))))
-                    if label == "planned"
-                    else format_bytes(int(d.get("repack", 0))),
+                    _repack_text(d, planned=label == "planned"),
                     format_bytes(int(d["total"])),
                 )
             )

@@ -145,8 +145,9 @@ class DeviceFootprint:
     # the part of `weights` that is a memory-mapped file span (host, mmap on): it is counted
     # in `total` as the engine reports it, but the kernel can reclaim it (see `resident`)
     mapped: int = 0
-    # where the repacking rules do not know the CPU or the build: the most the copies can add
-    # (every CPU-resident matmul weight), not counted in `total`
+    # the most the copies can add, not counted in `total` (already in it as `repack`): equal
+    # to `repack` where the rules know the CPU and build, else every CPU-resident matmul
+    # weight (readers that compare a bound with the engine's repack buffers keep working)
     repack_bound: int = 0
 
     @property
@@ -585,6 +586,7 @@ def estimate(
     # the host's weights are the mapped span with mmap on; the copies are their own part
     add(CPU, "mapped", acc[CPU].get("weights", 0) if settings.mmap else 0)
     add(CPU, "repack", repacked.total)
+    add(CPU, "repack_bound", repacked.total)
     for il, n in kv_bytes_per_layer(meta, r, rules).items():
         add(layer_dev[il] if settings.kv_offload else CPU, "kv", n)
     for il, n in recurrent_bytes_per_layer(meta, r).items():
@@ -613,11 +615,11 @@ def estimate(
     for g in gpus:  # the backend's context on every card (0 for backends not charged)
         add(g.name, "other", context_bytes(g))
     notes.extend(_context_note(gpus))
-    repack = _repack_bound(meta, layer_dev, settings) if settings.repack and cpu is None else 0
+    unknown = cpu is None or not cpu.known
+    repack = _repack_bound(meta, layer_dev, settings) if settings.repack and unknown else 0
     if repack:
-        # which matmul weights a CPU repacks (AMX, AVX2/AVX-512 or NEON layouts) depends on
-        # the CPU; the repacked ones leave the mapped span, so the host total stays the span
-        # and the bound on the copies is reported beside it
+        # which matmul weights a CPU repacks depends on its features and the build: without
+        # them the copies are only bounded, beside the total (the span stays in it)
         add(CPU, "repack_bound", repack)
         notes.append(
             f"CPU repacking may copy up to {format_bytes(repack)} of weights into buffers of "
