@@ -17,7 +17,8 @@ times the wall clock instead):
 
 * steady estimate < 1 ms: `estimate` at a new context of a structure already compiled (a
   context slider), CPU only and on one 24 GiB GPU;
-* steady fit search < 20 ms: `max_context` and `offload_for_context` (32k) whose structures an
+* steady fit search < 20 ms: `max_context` (on a card 64 MiB larger each run: a budget
+  change) and `offload_for_context` (at 32k and 256 more cells each run) whose structures an
   earlier search compiled (their results forgotten);
 * first call < 50 ms: the same four calls on a model just opened: a new ModelMeta read from the
   header (not timed) and every sizing cache emptied (core.compute, core.sched,
@@ -48,7 +49,7 @@ from qmgui.core.footprint import estimate
 from qmgui.core.gguf_header import read_gguf_header
 from qmgui.core.launch import LaunchSettings
 from qmgui.core.meta import ModelMeta, meta_from_gguf
-from qmgui.core.units import GIB
+from qmgui.core.units import GIB, MIB
 from tests.synth.factory import FULL_SIZE_PRESETS, SynthSpec, write_sparse_gguf
 
 TARGET_ESTIMATE_MS = 1.0
@@ -129,8 +130,9 @@ def calls() -> dict[str, tuple[str, Call]]:
     def gpu(m: ModelMeta, i: int) -> object:
         return estimate(m, LaunchSettings(ctx_size=65536 + 256 * i), one)
 
-    def ctx(m: ModelMeta, i: int) -> object:
-        return max_context(m, LaunchSettings(ubatch_size=512 - 32 * (i % 8)), budget)
+    def ctx(m: ModelMeta, i: int) -> object:  # a budget change: a card chosen, a reserve
+        card = Budget(gpus=gpus_from_sizes([16 * GIB + 64 * MIB * (i % 16)]))
+        return max_context(m, LaunchSettings(), card)
 
     def off(m: ModelMeta, i: int) -> object:
         return offload_for_context(m, LaunchSettings(ctx_size=32768 + 256 * i), budget)
