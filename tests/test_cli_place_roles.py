@@ -182,6 +182,21 @@ def test_a_chat_below_a_grounded_window_trades_layers_for_it_or_is_refused(
     assert code == 1 and not rows(doc)["chat"]["placed"]
 
 
+def test_a_remote_role_gets_no_local_server(models: Path, tmp_path: Path) -> None:
+    roles = ("--role", f"embed={models / 'embed.gguf'}",
+             "--role", "chat=remote:https://api.example.com/v1", "--gpu", "8GiB")  # fmt: skip
+    code, doc, _ = place_json(*roles)
+    assert code == 0
+    assert [m["name"] for m in doc["models"]] == ["embed"]  # chat is not placed, nor unplaced
+    assert doc["remote"] == [
+        {"name": "chat", "role": "chat", "endpoint": "https://api.example.com/v1"}
+    ]
+    code, out, _ = run("place", *roles, "--no-probe")
+    assert code == 0 and "chat (chat): served by https://api.example.com/v1, no local server" in out
+    code, out, _ = run("place", *roles, "--no-probe", "--llama-swap", "-")
+    assert code == 0 and set(swap_load(out, {}, windows=False)["models"]) == {"embed"}
+
+
 def test_a_placement_without_a_gpu(models: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(place_cmd, "gpus_from", lambda args: ())
     code, doc, err = place_json(

@@ -588,6 +588,8 @@ def _print_roles(
         argv = shlex.join(commands[x.name].argv) or "(no command)"
         print(f"{x.name} ({inst.spec.role.value}, replica {inst.replica}) on port {port + i}: "
               f"{argv}", file=out)  # fmt: skip
+    for r in roles.remote:
+        print(f"{r.name} ({r.role}): served by {r.endpoint}, no local server", file=out)
 
 
 def _roles(

@@ -39,6 +39,9 @@ says where chat ended up below what was asked. The rules, and why:
   `on` where the backend's flash attention is complete (CUDA, ROCm, Metal, the CPU) and the
   engine's `auto` elsewhere (Vulkan, SYCL), which enables it only where it works. A quantized V
   cache needs flash attention, so chat's V cache follows `ctv` only where it is certainly on.
+- Remote: `ROLE=remote:ENDPOINT` (a URL, or an SDK's model name) routes the role to a service
+  elsewhere: it gets no local server, takes no memory and is left out of placement and the
+  exports; only `name=` applies to it.
 - Replicas: `replicas=N` instances of a role on distinct cards (`Request.apart`); `auto` is
   one per card. A card left idle widens the contexts of the models that could use it
   (`placement.place_stages(widen_idle=True)`).
@@ -105,6 +108,9 @@ class RerankMode(str, enum.Enum):
     LLM = "llm"  # a generative model asked per candidate
 
 
+REMOTE = "remote:"  # ROLE=remote:ENDPOINT: the role is served elsewhere, no local server
+
+
 class RoleError(QmguiError):
     """A role on the command line cannot be read, or its model cannot take the role."""
 
@@ -124,6 +130,11 @@ class RoleSpec:
     ctk: str | None = None
     ctv: str | None = None
     ngl: int | None = None
+
+    @property
+    def remote(self) -> str | None:
+        """The endpoint of a role served elsewhere (`remote:ENDPOINT`), None for a local one."""
+        return self.model[len(REMOTE) :] if self.model.startswith(REMOTE) else None
 
 
 def _positive(key: str, value: str, hi: int) -> int:
@@ -172,6 +183,11 @@ def parse_role(text: str) -> RoleSpec:
     if not model.strip():
         raise RoleError(f"{text!r}: the {role.value} role names no model")
     spec = RoleSpec(role, model)
+    if spec.remote is not None:
+        if not spec.remote.strip():
+            raise RoleError(f"{text!r}: write a remote role as {role.value}=remote:ENDPOINT")
+        if any(key != "name" for key, _ in pairs):
+            raise RoleError(f"{text!r}: a remote role runs no local server: only name= applies")
     for key, value in pairs:
         if not value:
             raise RoleError(f"{text!r}: {key}= has no value")

@@ -9,7 +9,9 @@ worker thread, returning each instance's name, role, replica, port and argv.
 
 A model is named by a library id (the window's `find`) or a path; a role whose model cannot be
 read, or cannot take the role, is listed as not placed with the reason; a vision model without
-its projector is skipped with a warning. Where no card is placed for an instance and every GPU
+its projector is skipped with a warning. A role routed elsewhere (`ROLE=remote:ENDPOINT`)
+gets no local server: it is listed as remote (`RemoteRole`), never placed, started or
+exported. Where no card is placed for an instance and every GPU
 the engine offered was refused (`RoleSetOptions.device_none`), its command gets
 `--device none`, as a plain `qmgui place` does.
 """
@@ -50,6 +52,7 @@ from qmgui.settings import LoadResult
 
 __all__ = [
     "PlannedInstance",
+    "RemoteRole",
     "RoleModel",
     "RoleSet",
     "RoleSetOptions",
@@ -86,6 +89,15 @@ class RoleSetOptions:
     probe: bool = True  # run the engine's --version/--help (False: commands for elsewhere)
     device_none: bool = False  # every GPU the engine offered was refused: `--device none`
     source: str = SOURCE  # whose messages (notify's source)
+
+
+@dataclass(frozen=True)
+class RemoteRole:
+    """A role served elsewhere (`ROLE=remote:ENDPOINT`): no local server."""
+
+    name: str
+    role: str
+    endpoint: str
 
 
 @dataclass(frozen=True)
@@ -157,9 +169,15 @@ class RoleSet:
         self.opts = opts
         self.gpus = opts.gpus
         specs = [parse_role(text) for text in roles]
-        self.models = [role_model(s, opts.gpus, opts.base, opts.fa, find) for s in specs]
-        self.skipped = [m for m in self.models if m.skipped]
         taken: set[str] = set()
+        self.remote = [
+            RemoteRole(unique_name(s.name or s.role.value, taken), s.role.value, s.remote)
+            for s in specs
+            if s.remote is not None
+        ]
+        local = [s for s in specs if s.remote is None]
+        self.models = [role_model(s, opts.gpus, opts.base, opts.fa, find) for s in local]
+        self.skipped = [m for m in self.models if m.skipped]
         self.refused: list[Unplaced] = []
         self.refused_specs: dict[str, RoleSpec] = {}
         for m in self.models:
@@ -316,6 +334,8 @@ class RoleSet:
             {"role": m.spec.role.value, "model": m.spec.model, "reason": m.skipped}
             for m in self.skipped
         ]
+        doc["remote"] = [{"name": r.name, "role": r.role, "endpoint": r.endpoint}
+                         for r in self.remote]  # fmt: skip
 
 
 # --- one call: the window ----------------------------------------------------------------------
@@ -350,6 +370,7 @@ class RoleSetPlan:
     unplaced: tuple[Unplaced, ...]
     warnings: tuple[str, ...]
     placement: Placement
+    remote: tuple[RemoteRole, ...] = ()  # served elsewhere: nothing to start
 
     @property
     def fits(self) -> bool:
@@ -391,4 +412,6 @@ def plan_role_set(
             )
         )
     skipped_words = [m.skipped or "" for m in rs.skipped]
-    return RoleSetPlan(tuple(instances), p.unplaced, (*skipped_words, *warnings), p)
+    return RoleSetPlan(
+        tuple(instances), p.unplaced, (*skipped_words, *warnings), p, tuple(rs.remote)
+    )

@@ -108,6 +108,18 @@ def test_errors_name_the_bad_part(text: str, names: str) -> None:
 # --- embed ------------------------------------------------------------------------------------
 
 
+def test_a_role_served_elsewhere_is_remote() -> None:
+    url = parse_role("chat=remote:https://api.example.com:8443/v1")
+    assert url.remote == "https://api.example.com:8443/v1"
+    sdk = parse_role("rerank=remote:openai/gpt-4o-mini:name=cloud")
+    assert (sdk.remote, sdk.name) == ("openai/gpt-4o-mini", "cloud")
+    assert parse_role("chat=/models/remote.gguf").remote is None
+    with pytest.raises(RoleError, match="remote:ENDPOINT"):
+        parse_role("chat=remote:")
+    with pytest.raises(RoleError, match="only name= applies"):
+        parse_role("chat=remote:openai:ctx=4096")
+
+
 def test_embed_pooling_comes_from_the_model(metas: dict[str, ModelMeta]) -> None:
     assert embed_pooling(metas["qwen3-embed"]) is Pooling.LAST  # its pooling_type key
     assert embed_pooling(metas["bert"]) is Pooling.MEAN

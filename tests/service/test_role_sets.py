@@ -89,3 +89,14 @@ def test_what_cannot_be_planned_is_named(models: Path) -> None:
     assert [i.name for i in plan.instances] == ["chat"] and not plan.fits
     (missing,) = plan.unplaced
     assert missing.name == "embed" and "not found" in missing.reason
+
+
+def test_a_remote_role_is_listed_and_never_started(models: Path) -> None:
+    gpus = tuple(replace(g, name=f"GPU{i}") for i, g in enumerate(lookup("2x8GiB")))
+    opts = RoleSetOptions(gpus=gpus, probe=False)
+    roles = [f"embed={models / 'embed.gguf'}", "chat=remote:openai/gpt-4o:name=cloud"]
+    plan = plan_role_set(roles, opts, lambda i: 9300 + i, loaded=NO_BACKENDS)
+    assert plan.fits and [i.name for i in plan.instances] == ["embed"]
+    assert [(r.name, r.role, r.endpoint) for r in plan.remote] == [
+        ("cloud", "chat", "openai/gpt-4o")
+    ]
