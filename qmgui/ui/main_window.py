@@ -1258,12 +1258,12 @@ class MainWindow(QMainWindow):
         argv, fit = tuple(o.command.argv), o.fit
         self.memory.set_checked("Asking the engine for its projection…", available=False)
 
-        def task() -> tuple[str, list[dict[str, object]], str]:
-            from qmgui.core.projection import compared  # noqa: PLC0415 - on demand
-            from qmgui.engines.fit_check import run_fit_check  # noqa: PLC0415
+        def task() -> tuple[str, list[dict[str, object]], str | None]:
+            from qmgui.engines.fit_check import check_launch  # noqa: PLC0415 - on demand
 
-            checked = run_fit_check(argv)
-            return o.entry.id, compared(checked.devices, fit.footprint.devices), checked.error
+            # beside the plan, and recorded with the memory residuals (qmgui doctor lists them)
+            checked = check_launch(argv, fit.footprint, meta=o.entry.meta)
+            return o.entry.id, [row.to_json() for row in checked.rows], checked.error
 
         self.checker.submit(task)
 

@@ -266,3 +266,7 @@ def test_check_with_the_engine_shows_its_projection(  # type: ignore[no-untyped-
     assert "CPU: plan " in text and "(agrees)" in text, text
     assert not [p for p in psutil.process_iter(["cmdline"])
                 if str(one_model) in " ".join(p.info["cmdline"] or [])]  # fmt: skip
+    # recorded with the memory residuals, apart from launch readbacks (qmgui doctor lists it)
+    from qmgui.engines.residuals import ResidualStore
+
+    assert len(ResidualStore().summary()["check"]) == 1
