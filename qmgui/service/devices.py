@@ -126,8 +126,10 @@ def registered_engine(backend_arg: str | None = None) -> DeviceEngine | None:
     executables the settings file itself names."""
     from qmgui.service import device_cache  # noqa: PLC0415 - only when a build is asked
 
-    store = device_cache.DeviceCache()
     data = _settings_bytes()
+    if data == b"":  # no settings file: no registry (a first start), nothing to load
+        return device_engine([], backend_arg)
+    store = device_cache.DeviceCache()
     digest = None if data is None else _settings_digest(data)
     if data is not None and digest is not None and store.is_clean(digest):
         try:  # the very bytes the digest was taken of
