@@ -79,3 +79,27 @@ def test_unknown_cpu_is_only_bounded_and_q8_0_needs_arm(tmp_path: Path) -> None:
 def test_a_feature_nobody_spells_is_refused(tmp_path: Path) -> None:
     code, _, err = run("plan", str(_q4_0(tmp_path)), "--cpu-features", "AVX3")
     assert code != 0 and "AVX3" in err
+
+
+def test_a_registered_build_plans_with_the_features_its_probe_printed(tmp_path: Path) -> None:
+    """`--backend ID`: the CPU features the build's probe stored (its system_info line) win
+    over this machine's flags: an ARM build's NEON rules repack Q8_0, which x86 never does."""
+    import stat
+
+    from qmgui.settings import settings_path
+
+    exe = tmp_path / "bin" / "llama-server"
+    exe.parent.mkdir()
+    exe.write_text("#!/bin/sh\n", encoding="utf-8")
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    code, _, err = run("backends", "add", "arm", "--kind", "llama", "--exe", str(exe), "--no-probe")
+    assert code == 0, err
+    data = json.loads(settings_path().read_text(encoding="utf-8"))
+    data["backends"][0]["capabilities"] = {"cpu_features": ["NEON", "DOTPROD", "REPACK"]}
+    settings_path().write_text(json.dumps(data), encoding="utf-8")
+    q8 = write_gguf(tmp_path / "q8.gguf", replace(PRESETS["llama"], weight_type=Q.Q8_0))
+    code, out, err = run("plan", str(q8), "-c", "512", "--backend", "arm", "--json")
+    assert code == 0, err
+    assert _host(out)["repack"] > 0
+    _, host_out, _ = run("plan", str(q8), "-c", "512", "--cpu-features", "AVX2", "--json")
+    assert _host(host_out)["repack"] == 0

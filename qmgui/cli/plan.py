@@ -41,7 +41,7 @@ from qmgui.core.launch import (
 )
 from qmgui.core.meta import MAX_CONTEXT, ModelClass
 from qmgui.core.profile import apply_profile, vllm_pins
-from qmgui.core.repack import WHAT_IF_FEATURES, CpuTarget
+from qmgui.core.repack import WHAT_IF_FEATURES, CpuTarget, target_from_capabilities
 from qmgui.core.units import format_bytes, parse_size
 from qmgui.hw.host import cpu_target, read_ram
 from qmgui.hw.profiles import lookup
@@ -471,7 +471,7 @@ def cpu_target_from(args: argparse.Namespace, build: int | None) -> CpuTarget | 
     of system_info names (REPACK, compiled in by default, is implied)."""
     text = str(getattr(args, "cpu_features", "host") or "host").strip()
     if text.lower() == "host":
-        return cpu_target(build)
+        return _probed_cpu(args, build) or cpu_target(build)
     if text.lower() in ("unknown", "none"):
         return None
     names = {f.strip().upper() for f in text.split(",") if f.strip()}
@@ -482,6 +482,19 @@ def cpu_target_from(args: argparse.Namespace, build: int | None) -> CpuTarget | 
             f"{', '.join(sorted(WHAT_IF_FEATURES))}, 'host' or 'unknown')"
         )
     return CpuTarget(frozenset(names | {"REPACK"}), source="what-if", build=build)
+
+
+def _probed_cpu(args: argparse.Namespace, build: int | None) -> CpuTarget | None:
+    """The CPU features `--backend`'s registered build printed when it was probed (its
+    system_info line), None without them."""
+    backend = getattr(args, "backend", None)
+    if not backend:
+        return None
+    from qmgui.core.backends import find_backend  # noqa: PLC0415 - --backend only
+    from qmgui.service.launch import load_quietly  # noqa: PLC0415 - --backend only
+
+    named = find_backend([e.to_core() for e in load_quietly().settings.backends], backend)
+    return None if named is None else target_from_capabilities(named.capabilities, build)
 
 
 def _engine_check(

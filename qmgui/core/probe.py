@@ -12,7 +12,11 @@ frozen `ProbeResult`:
   is one group) so an emitter can find the spelling a build understands (`flag_spelling`); an
   option llama.cpp lists as "has been removed" is kept as a group but is not a supported flag;
 - the devices from ``--list-devices`` (``  CUDA0: NVIDIA GeForce RTX 4090 (24080 MiB, 23500 MiB
-  free)``), for every ggml backend (CUDA, ROCm, MUSA, Vulkan, SYCL, Metal, RPC…).
+  free)``), for every ggml backend (CUDA, ROCm, MUSA, Vulkan, SYCL, Metal, RPC…);
+- llama-server's ``system_info:`` line (``CPU : AVX2 = 1 | ... | REPACK = 1``): the CPU
+  features of the variant this build runs on this machine, which CPU weight repacking follows
+  (`qmgui.core.repack`). It is printed at start-up, so the probe starts the server on a model
+  that does not exist (`SYSTEM_INFO_ARGS`): it prints the line and exits at once.
 
 A probe that could not run is a value too: `ProbeResult.failure` says, in a sentence, whether
 the executable is missing, not executable, timed out or crashed (with its exit status and the
@@ -28,6 +32,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from qmgui.core.footprint import Gpu
+from qmgui.core.repack import CpuTarget, parse_system_info
 from qmgui.core.textsafe import printable
 
 __all__ = [
@@ -35,6 +40,7 @@ __all__ = [
     "ARG_LIST_DEVICES",
     "ARG_VERSION",
     "EQUIVALENT_FLAGS",
+    "SYSTEM_INFO_ARGS",
     "EngineDevice",
     "FailureKind",
     "FlagGroup",
@@ -56,6 +62,11 @@ __all__ = [
 ARG_VERSION = "--version"
 ARG_HELP = "--help"
 ARG_LIST_DEVICES = "--list-devices"
+# a llama-server start that only prints its system_info line: a model that does not exist (it
+# exits with status 1 before loading anything), info logs, an ephemeral loopback port. A build
+# that does not know `-lv` refuses the option and prints no line: the features stay unknown.
+NO_MODEL = "qmgui-probe-no-such-model.gguf"
+SYSTEM_INFO_ARGS = ("-m", NO_MODEL, "-lv", "4", "--host", "127.0.0.1", "--port", "0")
 
 TAIL_LINES = 8  # lines of output quoted when a run crashed: enough for a loader or CUDA error
 
@@ -71,6 +82,8 @@ def probe_commands(kind: str = "llama") -> tuple[tuple[str, ...], ...]:
     """
     if kind == "vllm":
         return ((ARG_VERSION,), ("serve", ARG_HELP))
+    if kind == "llama":  # llama-server: and its CPU features (SYSTEM_INFO_ARGS)
+        return ((ARG_VERSION,), (ARG_HELP,), (ARG_LIST_DEVICES,), SYSTEM_INFO_ARGS)
     return ((ARG_VERSION,), (ARG_HELP,), (ARG_LIST_DEVICES,))
 
 
@@ -212,6 +225,23 @@ def _start_failure(exe: str, run: RunOutput) -> ProbeFailure:
         run.args,
         f"{exe} could not be started{detail}; try running it by hand to see why.",
     )
+
+
+def _without_system_info(runs: Sequence[RunOutput]) -> list[RunOutput]:
+    return [r for r in runs if r.args != SYSTEM_INFO_ARGS]
+
+
+def _system_info(
+    exe: str, runs: Sequence[RunOutput]
+) -> tuple[CpuTarget | None, list[ProbeFailure]]:
+    """The CPU features of the SYSTEM_INFO_ARGS run; it exits non-zero by design (no model),
+    so only a hang is a problem."""
+    for run in runs:
+        if run.args != SYSTEM_INFO_ARGS or not run.started:
+            continue
+        problem = _run_failure(exe, run) if run.timed_out else None
+        return parse_system_info(run.output), [problem] if problem is not None else []
+    return None, []
 
 
 def _run_failure(exe: str, run: RunOutput) -> ProbeFailure | None:
@@ -606,6 +636,8 @@ class ProbeResult:
     flag_groups: tuple[FlagGroup, ...] = ()
     devices: tuple[EngineDevice, ...] = ()
     devices_listed: bool = False
+    # the CPU features its system_info line printed (None: no such line, or not asked)
+    cpu: CpuTarget | None = None
     failure: ProbeFailure | None = None
     problems: tuple[str, ...] = ()
     runs: tuple[RunOutput, ...] = field(default=(), repr=False)
@@ -666,7 +698,13 @@ class ProbeResult:
             "flag_groups": [list(g.spellings) for g in self.flag_groups if not g.removed],
             "devices": [d.to_json() for d in self.devices],
             "devices_listed": self.devices_listed,
+            **self._cpu_json(),
         }
+
+    def _cpu_json(self) -> dict[str, object]:
+        if self.cpu is None:
+            return {}
+        return {"cpu_features": sorted(self.cpu.features), "sve_cnt": self.cpu.sve_cnt}
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -681,6 +719,7 @@ class ProbeResult:
             "options": len([g for g in self.flag_groups if not g.removed]),
             "devices_listed": self.devices_listed,
             "devices": [d.to_json() for d in self.devices],
+            **self._cpu_json(),
             "failure": None
             if self.failure is None
             else {
@@ -700,7 +739,8 @@ def build_probe(executable: str, runs: Sequence[RunOutput]) -> ProbeResult:
     info = VersionInfo()
     groups: tuple[FlagGroup, ...] = ()
     devices: tuple[EngineDevice, ...] | None = None
-    for run in runs:
+    cpu, info_failures = _system_info(executable, runs)
+    for run in _without_system_info(runs):
         if not run.started:
             start = _start_failure(executable, run)
             return ProbeResult(executable, failure=start, problems=(str(start),), runs=tuple(runs))
@@ -729,6 +769,7 @@ def build_probe(executable: str, runs: Sequence[RunOutput]) -> ProbeResult:
     failure = None
     if failures and not learned and not answered:
         failure = failures[0]
+    failures += info_failures
     return ProbeResult(
         executable=executable,
         version=info.version,
@@ -740,6 +781,7 @@ def build_probe(executable: str, runs: Sequence[RunOutput]) -> ProbeResult:
         flag_groups=groups,
         devices=devices or (),
         devices_listed=devices is not None,
+        cpu=cpu,
         failure=failure,
         problems=tuple(str(f) for f in failures),
         runs=tuple(runs),

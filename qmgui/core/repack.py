@@ -26,7 +26,7 @@ TENSOR_ALIGNMENT (32 bytes) and the buffer is the sum of the padded sizes
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 REPACK_BUFFER = "CPU_REPACK"
@@ -112,6 +112,19 @@ def parse_system_info(text: str) -> CpuTarget | None:
         elif key not in ("n_threads",) and value:
             feats.add(key)
     return CpuTarget(frozenset(feats), source="system_info", sve_cnt=sve_cnt)
+
+
+def target_from_capabilities(
+    capabilities: Mapping[str, object], build: int | None = None
+) -> CpuTarget | None:
+    """The CPU features a probe stored for a registered build (`ProbeResult.capabilities`:
+    `cpu_features`, `sve_cnt`, from its system_info line); None when it stored none."""
+    feats = capabilities.get("cpu_features")
+    if not isinstance(feats, (list, tuple)) or not all(isinstance(f, str) for f in feats):
+        return None
+    sve = capabilities.get("sve_cnt")
+    sve_cnt = sve if isinstance(sve, int) and not isinstance(sve, bool) else 0
+    return CpuTarget(frozenset(feats), source="system_info", sve_cnt=sve_cnt, build=build)
 
 
 # /proc/cpuinfo flag (x86 "flags", ARM "Features") -> system_info name, for a CPU whose build

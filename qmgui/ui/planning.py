@@ -29,6 +29,7 @@ from qmgui.core.fit import (
 from qmgui.core.footprint import EngineRules
 from qmgui.core.launch import CTX_PAD, LaunchSettings
 from qmgui.core.meta import ModelClass, ModelMeta
+from qmgui.core.repack import CpuTarget, target_from_capabilities
 from qmgui.core.shell import quote_bash, quote_powershell
 from qmgui.core.textsafe import redact_argv, redact_env
 from qmgui.core.units import MIB
@@ -96,6 +97,19 @@ def on_gpus(hw: Hardware, subset: tuple[int, ...]) -> Hardware:
     if not subset or len(subset) >= len(hw.gpus):
         return hw
     return replace(hw, gpus=tuple(hw.gpus[i] for i in subset))
+
+
+def _engine_cpu(
+    resolver: Resolver, target: Target | str | None, build: int | None
+) -> CpuTarget | None:
+    """The registered build's probed CPU features, else this machine's (hw.host)."""
+    if target is not None and not isinstance(target, str) and target.backend_id:
+        for b in resolver.backends:
+            if b.id == target.backend_id:
+                found = target_from_capabilities(b.capabilities, build)
+                if found is not None:
+                    return found
+    return cpu_target(build)
 
 
 def budget_for(hw: Hardware, reserve_mib: int) -> Budget:
@@ -232,8 +246,9 @@ def plan_model(
     # sized by the rules of the build that will run it (its probed --version)
     build = target.build if target is not None and not isinstance(target, str) else None
     rules, rules_note = rules_for(build)
-    # weight repacking follows this machine's CPU; a what-if machine's is not known (bound)
-    rules = replace(rules, cpu=None if hw.what_if else cpu_target(rules.build))
+    # weight repacking follows the CPU features the build's probe printed (system_info), else
+    # this machine's CPU flags; a what-if machine's are not known (bound)
+    rules = replace(rules, cpu=None if hw.what_if else _engine_cpu(resolver, target, rules.build))
     budget = replace(budget_for(sized, reserve_mib), rules=rules)
     fit: FitResult | None = None
     error: str | None = None

@@ -12,6 +12,7 @@ import pytest
 from qmgui.core.footprint import Gpu
 from qmgui.core.probe import (
     EQUIVALENT_FLAGS,
+    SYSTEM_INFO_ARGS,
     EngineDevice,
     FailureKind,
     ProbeResult,
@@ -448,9 +449,39 @@ def test_output_of_a_hung_run_is_not_trusted() -> None:
 
 
 def test_probe_commands() -> None:
-    assert probe_commands() == (("--version",), ("--help",), ("--list-devices",))
-    assert probe_commands("whisper") == probe_commands("llama")
+    three = (("--version",), ("--help",), ("--list-devices",))
+    assert probe_commands() == (*three, SYSTEM_INFO_ARGS)  # llama-server: its CPU features too
+    assert probe_commands("whisper") == three
     assert probe_commands("vllm") == (("--version",), ("serve", "--help"))
+
+
+SYSTEM_INFO = (
+    "0.00.003.734 I cmn  common_param: system_info: n_threads = 2 (n_threads_batch = 2) / 2 | "
+    "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | "
+    "LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 | \n"
+    "0.00.006.709 E srv  llama_server: exiting due to model loading error\n"
+)
+
+
+def test_the_system_info_run_gives_the_cpu_features() -> None:
+    version = _run("--version", output="version: 4500 (adc5dd92)\n")
+    info = RunOutput((EXE, *SYSTEM_INFO_ARGS), SYSTEM_INFO, 1)  # no model: exits 1 by design
+    p = build_probe(EXE, [version, info])
+    assert p.ok and p.problems == ()
+    assert p.cpu is not None and {"AVX2", "REPACK"} <= p.cpu.features
+    caps = p.capabilities()
+    assert "AVX2" in caps["cpu_features"] and caps["sve_cnt"] == 0  # type: ignore[operator]
+    assert p.to_json()["cpu_features"] == caps["cpu_features"]
+    # a build that refuses -lv prints no line: features unknown, nothing said
+    old = RunOutput((EXE, *SYSTEM_INFO_ARGS), "error: invalid argument: -lv\n", 1)
+    q = build_probe(EXE, [version, old])
+    assert q.ok and q.cpu is None and "cpu_features" not in q.capabilities()
+    # the run alone never makes a probe whose other runs all failed look answered
+    crashed = _run("--version", code=-11)
+    assert not build_probe(EXE, [crashed, info]).ok
+    # a hang is said
+    hung = RunOutput((EXE, *SYSTEM_INFO_ARGS), "", None, timed_out=True)
+    assert build_probe(EXE, [version, hung]).problems
 
 
 # --- flags across builds ------------------------------------------------------------------------

