@@ -197,6 +197,20 @@ def test_a_remote_role_gets_no_local_server(models: Path, tmp_path: Path) -> Non
     assert code == 0 and set(swap_load(out, {}, windows=False)["models"]) == {"embed"}
 
 
+def test_a_model_not_installed_is_reported_apart_from_one_that_does_not_fit(
+    models: Path,
+) -> None:
+    embed, gone = f"embed={models / 'embed.gguf'}", f"chat={models / 'gone.gguf'}"
+    code, doc, err = place_json("--role", embed, "--role", gone, "--gpu", "8GiB")
+    assert code == 1
+    assert [m["name"] for m in doc["models"]] == ["embed"]  # neither placed nor unplaced
+    assert doc["not_installed"] == [
+        {"name": "chat", "role": "chat", "model": str(models / "gone.gguf")}
+    ]
+    assert "chat: " in err and "is not installed" in err
+    assert any("is not installed" in w for w in doc["warnings"])
+
+
 def test_a_placement_without_a_gpu(models: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(place_cmd, "gpus_from", lambda args: ())
     code, doc, err = place_json(

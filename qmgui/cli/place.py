@@ -604,6 +604,8 @@ def _roles(
         roles = RoleSet(args.role, _role_options(args, gpus, budget, base))
     except RoleError as e:
         raise ValueError(str(e)) from None
+    for missing in roles.not_installed:
+        notify.warning(missing.sentence, source=SOURCE)
     for m in roles.skipped:
         notify.warning(m.skipped or "", source=SOURCE)
     try:
@@ -625,9 +627,10 @@ def _roles(
     if args.json:
         doc = placement_json(p, gpus)
         roles.annotate(doc, commands, {x.name: args.port + i for i, x in enumerate(p.placed)})
-        doc["warnings"] = [*(m.skipped or "" for m in roles.skipped), *warnings]
+        doc["warnings"] = [*(m.sentence for m in roles.not_installed),
+                           *(m.skipped or "" for m in roles.skipped), *warnings]  # fmt: skip
         json.dump(doc, out, indent=2)
         out.write("\n")
     else:
         _print_roles(roles, p, commands, args.port, out)
-    return EXIT_OK if p.fits else EXIT_UNPLACED
+    return EXIT_OK if p.fits and not roles.not_installed else EXIT_UNPLACED

@@ -11,13 +11,16 @@ A model is named by a library id (the window's `find`) or a path; a role whose m
 read, or cannot take the role, is listed as not placed with the reason; a vision model without
 its projector is skipped with a warning. A role routed elsewhere (`ROLE=remote:ENDPOINT`)
 gets no local server: it is listed as remote (`RemoteRole`), never placed, started or
-exported. Where no card is placed for an instance and every GPU
+exported. A role whose model is not installed (neither a library id nor a path that exists)
+is left out and reported apart from those that do not fit (`NotInstalled`): the rest of the
+set is planned and started without it. Where no card is placed for an instance and every GPU
 the engine offered was refused (`RoleSetOptions.device_none`), its command gets
 `--device none`, as a plain `qmgui place` does.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -51,6 +54,7 @@ from qmgui.service.launch import Resolver, Target, backend_build, load_quietly
 from qmgui.settings import LoadResult
 
 __all__ = [
+    "NotInstalled",
     "PlannedInstance",
     "RemoteRole",
     "RoleModel",
@@ -98,6 +102,29 @@ class RemoteRole:
     name: str
     role: str
     endpoint: str
+
+
+@dataclass(frozen=True)
+class NotInstalled:
+    """A role whose model is not installed: no library id and no file at the path named."""
+
+    name: str
+    role: str
+    model: str
+
+    @property
+    def sentence(self) -> str:
+        return (
+            f"{self.name}: {self.model} is not installed (no library model or file by that "
+            "name): left out; download it or correct the role's model"
+        )
+
+
+def installed(model: str, find: Find | None = None) -> bool:
+    """Whether `model` names a library model (`find`) or an existing path."""
+    if find is not None and find(model) is not None:
+        return True
+    return os.path.lexists(os.path.expanduser(model))
 
 
 @dataclass(frozen=True)
@@ -175,7 +202,12 @@ class RoleSet:
             for s in specs
             if s.remote is not None
         ]
-        local = [s for s in specs if s.remote is None]
+        self.not_installed = [
+            NotInstalled(unique_name(s.name or s.role.value, taken), s.role.value, s.model)
+            for s in specs
+            if s.remote is None and not installed(s.model, find)
+        ]
+        local = [s for s in specs if s.remote is None and installed(s.model, find)]
         self.models = [role_model(s, opts.gpus, opts.base, opts.fa, find) for s in local]
         self.skipped = [m for m in self.models if m.skipped]
         self.refused: list[Unplaced] = []
@@ -336,6 +368,8 @@ class RoleSet:
         ]
         doc["remote"] = [{"name": r.name, "role": r.role, "endpoint": r.endpoint}
                          for r in self.remote]  # fmt: skip
+        doc["not_installed"] = [{"name": m.name, "role": m.role, "model": m.model}
+                                for m in self.not_installed]  # fmt: skip
 
 
 # --- one call: the window ----------------------------------------------------------------------
@@ -371,10 +405,11 @@ class RoleSetPlan:
     warnings: tuple[str, ...]
     placement: Placement
     remote: tuple[RemoteRole, ...] = ()  # served elsewhere: nothing to start
+    not_installed: tuple[NotInstalled, ...] = ()  # left out: the model is not on this machine
 
     @property
     def fits(self) -> bool:
-        return not self.unplaced
+        return not self.unplaced and not self.not_installed
 
 
 def plan_role_set(
@@ -412,6 +447,8 @@ def plan_role_set(
             )
         )
     skipped_words = [m.skipped or "" for m in rs.skipped]
+    missing = [m.sentence for m in rs.not_installed]
     return RoleSetPlan(
-        tuple(instances), p.unplaced, (*skipped_words, *warnings), p, tuple(rs.remote)
-    )
+        tuple(instances), p.unplaced, (*missing, *skipped_words, *warnings), p,
+        tuple(rs.remote), tuple(rs.not_installed),
+    )  # fmt: skip

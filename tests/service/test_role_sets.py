@@ -12,7 +12,7 @@ import pytest
 from qmgui.core.discovery import entry_for_path
 from qmgui.core.roles import EMBED_CTX, RoleError
 from qmgui.hw.profiles import lookup
-from qmgui.service.role_sets import RoleSetOptions, check_roles, plan_role_set
+from qmgui.service.role_sets import NotInstalled, RoleSetOptions, check_roles, plan_role_set
 from qmgui.settings import LoadResult, Settings
 from tests.synth.factory import PRESETS, write_gguf
 
@@ -80,15 +80,34 @@ def test_what_cannot_be_planned_is_named(models: Path) -> None:
         check_roles(["talk=x.gguf"])
     with pytest.raises(RoleError, match="at least one role"):
         check_roles(["", "  "])
+    (models / "bad.gguf").write_bytes(b"not a gguf")
     plan = plan_role_set(
-        [f"chat={models / 'chat.gguf'}:ctx=2048", f"embed={models / 'missing.gguf'}"],
+        [
+            f"chat={models / 'chat.gguf'}:ctx=2048",
+            f"embed={models / 'missing.gguf'}",
+            f"rerank={models / 'bad.gguf'}",
+        ],
         RoleSetOptions(host_bytes=8 << 30, probe=False),
         lambda i: 9300 + i,
         loaded=NO_BACKENDS,
     )
     assert [i.name for i in plan.instances] == ["chat"] and not plan.fits
-    (missing,) = plan.unplaced
-    assert missing.name == "embed" and "not found" in missing.reason
+    # a model that is not installed is reported apart from one that cannot be placed
+    assert plan.not_installed == (NotInstalled("embed", "embed", str(models / "missing.gguf")),)
+    assert f"embed: {models / 'missing.gguf'} is not installed" in plan.warnings[0]
+    (bad,) = plan.unplaced
+    assert bad.name == "rerank" and bad.reason
+    # a library id that the library has is installed, one that it lacks is not
+    chat = entry_for_path(models / "chat.gguf")
+    found = plan_role_set(
+        ["chat=lib:chat", "embed=lib:gone"],
+        RoleSetOptions(host_bytes=8 << 30, probe=False),
+        lambda i: 9400 + i,
+        find={"lib:chat": chat}.get,
+        loaded=NO_BACKENDS,
+    )
+    assert [i.name for i in found.instances] == ["chat"]
+    assert [m.model for m in found.not_installed] == ["lib:gone"] and not found.unplaced
 
 
 def test_a_remote_role_is_listed_and_never_started(models: Path) -> None:
