@@ -76,6 +76,10 @@ def test_llama_swap_to_stdout(models: Path, echo_engine: Path) -> None:
     assert argv[:3] == [str(echo_engine), "-m", str(models / "gemma3" / "synth-gemma3.gguf")]
     assert argv[argv.index("--port") + 1] == "5800"
     assert "# estimated VRAM: GPU0" in out
+    # the projector the command loads (--mmproj) is in the estimate, its compute as a bound
+    gemma_comment = out[: out.index("  synth-gemma3:")].rsplit("# estimated VRAM:", 1)[1]
+    assert "GPU0 ≤ " in gemma_comment.splitlines()[0]
+    assert "projector compute on GPU0 is an upper bound" in gemma_comment.splitlines()[0]
 
 
 def test_models_from_the_configured_roots(models: Path) -> None:

@@ -389,8 +389,10 @@ def _llama_estimate(
     assert entry.meta is not None
     rules, _ = rules_for(build)  # the rules of the build the command runs
     budget = Budget(gpus=req.gpus, gpu_reserve=req.reserve, rules=rules)
-    try:
-        result = check(entry.meta, settings, budget)
+    from qmgui.service.projector import projector_meta  # noqa: PLC0415 - exports only
+
+    try:  # with the projector the command loads (--mmproj), as every plan
+        result = check(entry.meta, settings, budget, mmproj=projector_meta(entry))
     except SizingError as e:
         return [f"VRAM not estimated: {e}"]
     lines = [footprint_comment(result.footprint)]

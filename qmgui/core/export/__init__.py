@@ -57,13 +57,23 @@ def unique_name(name: str, taken: set[str]) -> str:
 
 
 def footprint_comment(fp: Footprint) -> str:
-    """One line for a config comment: the planned memory per GPU and in host memory."""
-    gpus = [f"{d.name} {format_bytes(d.total)}" for d in fp.devices if d.name != CPU]
+    """One line for a config comment: the planned memory per GPU and in host memory; a figure
+    that holds an upper bound (a buffer qmgui cannot model, `core.bounds`) reads "≤ …", and the
+    bound is named after it."""
+    bounded = {b.device for b in fp.bounds}
+    gpus = [
+        f"{d.name} {'≤ ' if d.name in bounded else ''}{format_bytes(d.total)}"
+        for d in fp.devices
+        if d.name != CPU
+    ]
     r = fp.settings
+    bounds = "".join(
+        f"; {b.part} on {b.device} is an upper bound ({format_bytes(b.bytes)})" for b in fp.bounds
+    )
     return (
         f"estimated VRAM: {', '.join(gpus) if gpus else 'none (CPU only)'}; host "
         f"{format_bytes(fp.host.total)} (context {r.n_ctx}, {r.n_seq} slots, KV "
-        f"{r.cache_type_k}/{r.cache_type_v}, {fp.n_gpu_layers} GPU layers)"
+        f"{r.cache_type_k}/{r.cache_type_v}, {fp.n_gpu_layers} GPU layers){bounds}"
     )
 
 
