@@ -654,6 +654,9 @@ def _projector_compute(mmproj: ModelMeta | None, device: str, s: LaunchSettings)
 HOST_BUFFER_BACKENDS = frozenset({"cuda", "rocm", "hip", "vulkan", "sycl", "cann"})
 
 
+TIED_OUTPUT = "output.weight (token_embd.weight, tied)"
+
+
 def cpu_weights(meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings) -> list[Weight]:
     """The weights llama.cpp's loader offers the CPU's buffer types, with the op each is used
     by; a tied output (no output.weight) adds the token embedding's duplicate as a matmul."""
@@ -678,9 +681,6 @@ def cpu_weights(meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings) ->
     return out
 
 
-TIED_OUTPUT = "output.weight (token_embd.weight, tied)"
-
-
 def _repacked(
     meta: ModelMeta,
     layer_dev: Sequence[str],
@@ -702,6 +702,11 @@ def _repacked(
         return Repacked()
     host_buft = next((g for g in gpus if g.backend in HOST_BUFFER_BACKENDS and not g.remote), None)
     if host_buft is not None:
+        if CPU in layer_dev:
+            notes.append(
+                f"the CPU layers' weights go through {host_buft.name}'s host buffer type and "
+                "are not repacked (llama.cpp's make_cpu_buft_list; not measured here)"
+            )
         return Repacked()
     got = place(cpu_weights(meta, layer_dev, s), cpu)
     if got.total:
