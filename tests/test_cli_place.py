@@ -223,3 +223,10 @@ def test_a_model_is_placed_with_the_projector_its_command_loads(tmp_path: Path) 
     assert proj is not None
     extra = placed(tmp_path / "vision" / "qwen3.gguf") - placed(tmp_path / "text" / "qwen3.gguf")
     assert extra > proj.weight_bytes > 0  # its weights, and its compute bound above them
+    code, out, _ = run("place", f"{tmp_path / 'vision' / 'qwen3.gguf'}@c=1024,np=1",
+                       "--gpu", mib(64), "--reserve", "0", "--json")  # fmt: skip
+    (model,) = json.loads(out)["models"]
+    assert [(b["part"], b["device"]) for b in model["bounds"]] == [("projector compute", "GPU0")]
+    code, out, _ = run("place", f"{tmp_path / 'vision' / 'qwen3.gguf'}@c=1024,np=1",
+                       "--gpu", mib(64), "--reserve", "0")  # fmt: skip
+    assert code == 0 and "bound: qwen3: projector compute on GPU0 ≤ " in out

@@ -303,6 +303,11 @@ def _row(p: Placed) -> dict[str, Any]:
         "cache_type_v": r.cache_type_v,
         "bytes": {d.name: d.total for d in p.footprint.devices if d.total},
         "devices_detail": [d.to_json() for d in p.footprint.devices],
+        # buffers qmgui cannot model, charged as upper bounds in `bytes` (core.bounds)
+        "bounds": [
+            {"part": b.part, "device": b.device, "bytes": b.bytes, "why": b.why}
+            for b in p.footprint.bounds
+        ],
         "notes": list(p.notes),
     }
 
@@ -382,6 +387,12 @@ def print_placement(p: Placement, out: TextIO) -> None:
     for x in p.placed:
         for note in x.notes:
             print(f"note: {x.name}: {note}", file=out)
+        for b in x.footprint.bounds:
+            print(
+                f"bound: {x.name}: {b.part} on {b.device} ≤ {format_bytes(b.bytes)} "
+                f"(an upper bound: {b.why})",
+                file=out,
+            )
     print(file=out)
     loads: list[tuple[str, ...]] = [("DEVICE", "BUDGET", "USED", "FREE", "MODELS")]
     for d in (*p.gpus, p.host):
