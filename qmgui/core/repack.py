@@ -33,8 +33,9 @@ REPACK_BUFFER = "CPU_REPACK"
 AMX_BUFFER = "AMX"
 TENSOR_ALIGNMENT = 32  # ggml-impl.h; both extra buffer types return it as their alignment
 
-# the oldest build whose rules were read; older builds are not modelled (plans charge a bound)
-FIRST_KNOWN_BUILD = 10435
+# the oldest build the rules were checked on (b10434: the test wheel's recorded AMX runs,
+# docs/accuracy.json; b10435 and b11434: read and measured); older builds charge a bound
+FIRST_KNOWN_BUILD = 10434
 
 _REPACK_SRC = "ggml/src/ggml-cpu/repack.cpp, ggml_repack_get_optimal_repack_type"
 _AMX_SRC = "ggml/src/ggml-cpu/amx/amx.cpp, extra_buffer_type::supports_op"
