@@ -9,7 +9,11 @@ the engine through a `Runner`, copies its output into a `LogSink` (ring buffer +
 the outcome, said once, and never stops the engine) and polls its health endpoint every
 `poll_s` until it answers 2xx, or the engine exits, or the load deadline (a base plus seconds
 per GiB of model) passes. An out-of-memory load is retried at half the context (never below
-4096) when `spec.downshift` allows it. Every end is an `Outcome` with a sentence the user can
+4096) when `spec.downshift` allows it; once the engine is ready the reduction is forgotten: a
+restart after a crash asks for the context it was started with again (memory may have been
+freed since) and has the whole ladder again. At ready, a llama-server's log gets one line
+naming the binary, its build, its backends and its devices, as the engine reported them
+(`engine_line`). Every end is an `Outcome` with a sentence the user can
 act on. `stop()` ends the whole process tree and the engine's process group (a wrapper
 script's engine included), gracefully first; nothing qmgui did not start is touched. Each
 attempt carries a fresh `QMGUI_ENGINE_TOKEN` in its environment and is recorded in the run
@@ -55,7 +59,7 @@ from pathlib import Path
 
 from qmgui import notify
 from qmgui.core.errors import EngineError
-from qmgui.core.readback import FailureKind, parse_llama_log
+from qmgui.core.readback import EngineReport, FailureKind, parse_llama_log
 from qmgui.core.textsafe import printable, redact_argv, redact_env
 from qmgui.engines import oom
 from qmgui.engines.health import Health, check_health
@@ -157,6 +161,18 @@ class Outcome:
 
     def __str__(self) -> str:
         return self.message
+
+
+def engine_line(executable: str, report: EngineReport) -> str:
+    """One line naming the engine that runs: its binary, its build, its backends and its
+    devices, as the engine's own log reported them (`parse_llama_log`)."""
+    build = report.build
+    built = f"build {build.number} ({build.commit})" if build else "build not reported"
+    devices = [d.device for d in report.devices]
+    gpus = [d for d in devices if not d.upper().startswith("CPU")]
+    backends = sorted({d.rstrip("0123456789") for d in gpus}) or ["CPU"]
+    where = ", ".join(devices) if devices else "none reported"
+    return f"engine: {executable}, {built}, backend {'+'.join(backends)}, devices {where}"
 
 
 @dataclass(frozen=True)
@@ -319,6 +335,7 @@ class Supervisor:
         self._callbacks: dict[int, StateCallback] = {}
         self._tokens = itertools.count()
         self.downshifts: list[tuple[int, int]] = []  # (from, to) contexts
+        self._unshifted: tuple[str, ...] | None = None  # the argv before this load's halvings
         self.restarts = 0  # crash restarts so far
         self._ever_ready = False
         self._stop_requested = threading.Event()
@@ -691,10 +708,14 @@ class Supervisor:
             self._set_state(State.LOADING)
             verdict = self._watch_load(attempt)
             if verdict == "ready":
+                if self.spec.kind == "llama":
+                    line = engine_line(attempt.argv[0], parse_llama_log(self.log.text()))
+                    self.log.write_line(f"# qmgui: {printable(line)}")
+                restart = self._forget_downshift(attempt)
                 self._set_state(State.READY)
                 if not self._watch_ready(attempt):
                     return
-                argv = self._base_argv(attempt)
+                argv = restart
                 port_tries = 0
                 continue
             if verdict in ("stopping", "ended"):
@@ -901,6 +922,18 @@ class Supervisor:
     def _base_argv(self, attempt: _Attempt) -> tuple[str, ...]:
         return attempt.argv
 
+    def _forget_downshift(self, attempt: _Attempt) -> tuple[str, ...]:
+        """The argv a restart after a crash runs: the one this load started from, without
+        its halvings (the ready engine proved the reduced load, not that it is still needed)."""
+        argv, self._unshifted = self._unshifted, None
+        if argv is None:
+            return self._base_argv(attempt)
+        self.log.write_line(
+            f"# qmgui: ready at context {oom.ctx_of(attempt.argv)}; the reduction is "
+            f"forgotten: a restart asks for context {oom.ctx_of(argv) or 'the default'} again"
+        )
+        return argv
+
     def _downshift(
         self, argv: tuple[str, ...], rc: int | None, *, killed: bool
     ) -> tuple[tuple[str, ...], int] | None:
@@ -921,6 +954,8 @@ class Supervisor:
             )
             self._fail(OutcomeKind.OUT_OF_MEMORY, f"{self.spec.name} {cause}; {hint}.", rc)
             return None
+        if self._unshifted is None:
+            self._unshifted = argv
         self.downshifts.append((ctx, smaller))
         self._say(f"{self.spec.name} {cause} at context {ctx}; restarting it at context {smaller}.")
         return oom.with_ctx(argv, smaller), 0

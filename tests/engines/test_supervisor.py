@@ -13,11 +13,19 @@ from pathlib import Path
 import psutil
 import pytest
 
+from qmgui.core.readback import parse_llama_log
 from qmgui.engines import oom
 from qmgui.engines.logs import LogSink
 from qmgui.engines.registry import RunEntry, RunRegistry
 from qmgui.engines.runner import Child
-from qmgui.engines.supervisor import EngineSpec, OutcomeKind, State, Supervisor, launch_argv
+from qmgui.engines.supervisor import (
+    EngineSpec,
+    OutcomeKind,
+    State,
+    Supervisor,
+    engine_line,
+    launch_argv,
+)
 from qmgui.notify import Notifier
 
 CHILD = str(Path(__file__).with_name("supervisor_child.py"))
@@ -122,6 +130,50 @@ def test_out_of_memory_downshifts_and_tells_the_user() -> None:
         "child-oom ran out of memory while loading the model at context 16384; restarting it "
         "at context 8192.",
     ]
+    assert sup.stop().was_successful()
+
+
+def test_the_reduction_is_forgotten_once_the_engine_is_ready() -> None:
+    # ready at 8192 after two halvings; a crash then restarts it at 32768 again (memory may
+    # have been freed), which halves down the whole ladder once more
+    spec = child_spec("oom", "-c", "32768", "--fits", "8192", downshift=True,
+                      max_restarts=1, restart_base_s=0.05)  # fmt: skip
+    sup = Supervisor(spec)
+    sup.start()
+    assert sup.wait_ready(20), sup.outcome
+    assert sup.downshifts == [(32768, 16384), (16384, 8192)]
+    pid = sup.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while (sup.pid == pid or not sup.wait_ready(0.1)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert sup.state == State.READY and sup.pid != pid
+    ladder = [(32768, 16384), (16384, 8192)]
+    assert sup.downshifts == ladder + ladder  # the restart asked for 32768 again
+    assert "the reduction is forgotten: a restart asks for context 32768 again" in sup.log.text()
+    assert sup.stop().was_successful()
+
+
+def test_a_ready_llama_server_logs_its_binary_build_backend_and_devices() -> None:
+    log = "\n".join(
+        [
+            "build: 6123 (abc1234) with cc for x86_64-linux-gnu",
+            "load_tensors:        CUDA0 model buffer size =  1000.00 MiB",
+            "load_tensors:        CUDA1 model buffer size =  1000.00 MiB",
+            "load_tensors:   CPU_Mapped model buffer size =   100.00 MiB",
+        ]
+    )
+    assert engine_line("/opt/llama/llama-server", parse_llama_log(log)) == (
+        "engine: /opt/llama/llama-server, build 6123 (abc1234), backend CUDA, "
+        "devices CUDA0, CUDA1, CPU"
+    )
+    bare = engine_line("/x/llama-server", parse_llama_log("nothing useful"))
+    assert bare == "engine: /x/llama-server, build not reported, backend CPU, devices none reported"
+    sup = Supervisor(child_spec("healthy"))
+    sup.start()
+    assert sup.wait_ready(10), sup.outcome
+    assert f"# qmgui: engine: {sys.executable}, build not reported" in sup.log.text()
     assert sup.stop().was_successful()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 import urllib.request
@@ -163,6 +164,22 @@ def test_qmgui_serve_prints_ready_and_exits_on_sigint(model: Path, tmp_path: Pat
         if proc.poll() is None:
             proc.kill()
             proc.wait(5)
+
+
+def test_a_ready_engine_logs_its_binary_build_backend_and_devices(model: Path) -> None:
+    """At ready, one line names the binary, its build, the backend and the devices, as the
+    engine's log (at qmgui's -lv 4, engine_spec) reported them."""
+    assert BINARY is not None
+    sup = Supervisor(EngineSpec(argv=(BINARY, "--model", str(model), *ARGS, "-lv", "4")))
+    sup.start()
+    try:
+        assert sup.wait_ready(30), sup.outcome
+        lines = sup.log.text().splitlines()
+    finally:
+        sup.stop()
+    (line,) = [ln for ln in lines if ln.startswith("# qmgui: engine: ")]
+    assert re.fullmatch(r"# qmgui: engine: \S*llama-server, build \d+ \(\S+\), backend CPU, "
+                        r"devices CPU", line), line  # fmt: skip
 
 
 def test_readback_matches_the_plan(model: Path) -> None:
