@@ -141,6 +141,16 @@ class Resolver:
         ov = self.override(entry)
         choice = registry.resolve_backend(entry, backends, pin=ov.backend_id if ov else None)
         if choice.backend is None:
+            cls = entry.model_class.value if entry.model_class else None
+            if cls is not None and entry.meta is not None and not entry.error and not any(
+                b.serves(cls) and not b.registry_only for b in backends
+            ):
+                # no entry for this class: its usual engine, as with an empty registry
+                # (reference 001: the engine found the old way stays the fallback)
+                kind = kind_for(entry)
+                exe = default_executable(kind)
+                why = f"no {cls} backend registered: {exe}"
+                return self._probed_target(Target(kind, exe, None, why))
             return f"{entry.name}: {choice.reason}"
         return self._from_backend(choice.backend, choice.reason)
 

@@ -64,6 +64,20 @@ def test_an_empty_registry_falls_back_to_the_kinds_usual_engine() -> None:
     assert isinstance(image, Target) and (image.kind, image.executable) == ("sd", "sd-server")
 
 
+def test_a_class_no_entry_serves_falls_back_to_its_usual_engine() -> None:
+    """Reference 001: with no registry entry for the model's class, the engine found the old
+    way (llama-server on PATH for a GGUF language model) runs it, as with an empty registry;
+    the entries of other classes change nothing."""
+    r = resolver(WHISPER)
+    chat = r.target(entry("llm", "llama"))
+    assert isinstance(chat, Target)
+    assert (chat.kind, chat.backend_id) == ("llama", None)
+    assert chat.executable == default_executable("llama")
+    assert chat.reason == f"no llm backend registered: {chat.executable}"
+    asr = r.target(entry("asr", "whisper"))  # its class has an entry: that entry
+    assert isinstance(asr, Target) and asr.backend_id == "whisper"
+
+
 def test_a_vllm_launch_is_probed_on_the_openai_servers_health() -> None:
     """vLLM needs no health endpoint of its own: its OpenAI server answers `/health`."""
     from qmgui.core.emit import Command
