@@ -75,6 +75,16 @@ def register(sub: Any) -> None:
         "is read, with HTTP range requests ($HF_TOKEN is sent for gated models)",
     )
     add_plan_flags(p)
+    p.add_argument(
+        "--cpu-features",
+        dest="cpu_features",
+        default="host",
+        metavar="LIST",
+        help="the CPU features weight repacking follows, as llama-server's system_info line "
+        "names them (AVX2, AVX512, AVX512_VNNI, AMX_INT8, NEON, DOTPROD, MATMUL_INT8, SVE), "
+        "comma-separated, for a CPU that is not this one; 'host' (default): --backend's "
+        "probed features, else this machine's; 'unknown': charge only an upper bound",
+    )
     add_rpc_flag(p)
     add_profile_flags(p)
     p.add_argument("--json", action="store_true", help="print the plan as a JSON object")
@@ -163,16 +173,6 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
         dest="no_repack",
         action="store_true",
         help="no CPU weight repacking (the plan then charges no repacked copies)",
-    )
-    p.add_argument(
-        "--cpu-features",
-        dest="cpu_features",
-        default="host",
-        metavar="LIST",
-        help="the CPU features weight repacking follows, as llama-server's system_info line "
-        "names them (AVX2, AVX512, AVX512_VNNI, AMX_INT8, NEON, DOTPROD, MATMUL_INT8, SVE), "
-        "comma-separated, for a CPU that is not this one; 'host' (default): this machine's; "
-        "'unknown': charge only an upper bound on the copies",
     )
     p.add_argument(
         "--gpu",
