@@ -28,7 +28,12 @@ class LocalGpu:
 def local_gpus(*, nvml: Any = None, drm_root: str | None = None) -> list[LocalGpu]:
     """Every GPU this machine has that qmgui can read, with its memory now (`nvml` and
     `drm_root`: recorded readings for tests)."""
-    reading = read_nvml(nvml)
+    return gpus_from(read_nvml(nvml), amdgpu.read_amd_gpus(drm_root or amdgpu.DRM))
+
+
+def gpus_from(reading: NvmlReading, amd: Sequence[amdgpu.AmdGpu]) -> list[LocalGpu]:
+    """`local_gpus` from readings already taken (the window's live poll): NVIDIA first, in
+    NVML's order, then the AMD cards (integrated ones are host memory)."""
     pairs = reading.nvlink
 
     def peers(i: int) -> frozenset[int] | None:
@@ -40,7 +45,7 @@ def local_gpus(*, nvml: Any = None, drm_root: str | None = None) -> list[LocalGp
         LocalGpu(r.index, r.name, r.total_bytes, r.free_bytes, "nvidia", peers(r.index))
         for r in reading.gpus
     ]
-    for a in amdgpu.read_amd_gpus(drm_root or amdgpu.DRM):
+    for a in amd:
         if a.integrated:  # its memory is the host's: planned as host memory
             continue
         out.append(LocalGpu(len(out), a.name, a.total_bytes, a.free_bytes, "amd"))

@@ -9,8 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qmgui.core.footprint import Gpu
-from qmgui.hw.gpus import as_gpus, local_gpus
+from qmgui.hw import amdgpu
+from qmgui.hw.gpus import LocalGpu, as_gpus, gpus_from, local_gpus
 from qmgui.hw.host import read_host
+from qmgui.hw.nvml import NvmlReading
 from qmgui.hw.profiles import lookup
 
 THIS_MACHINE = "This machine"
@@ -46,11 +48,32 @@ def choice_labels() -> tuple[str, ...]:
     return (THIS_MACHINE, *(label for label, _ in PROFILE_CHOICES))
 
 
+def _named(g: LocalGpu) -> str:
+    return f"GPU{g.index} ({g.name})"
+
+
 def this_machine() -> Hardware:
     """The GPUs present (NVIDIA, then AMD; none is normal: CPU only) and this machine's RAM."""
     host = read_host()
-    gpus = as_gpus(local_gpus(), lambda g: f"GPU{g.index} ({g.name})")
-    return Hardware(THIS_MACHINE, gpus, host.ram_total_bytes)
+    return Hardware(THIS_MACHINE, as_gpus(local_gpus(), _named), host.ram_total_bytes)
+
+
+def seen_now(
+    machine: Hardware, nvml: NvmlReading | None, amd: tuple[amdgpu.AmdGpu, ...]
+) -> Hardware | None:
+    """This machine as the window's live readings (taken on a worker) show it, when its set of
+    GPUs is no longer `machine`'s: a card was added, removed or changed (a driver that came up
+    after qmgui started). None when the set is the same, or when NVML could not be read (a
+    driver that is there but does not answer: the NVIDIA cards are not known to be gone)."""
+    if nvml is None or nvml.broken:
+        return None
+    if not nvml.ok:
+        nvml = NvmlReading(nvml.status, nvml.message)  # no driver at all: no NVIDIA cards
+    gpus = as_gpus(gpus_from(nvml, amd), _named)
+    same = [(g.name, g.total_bytes) for g in gpus] == [
+        (g.name, g.total_bytes) for g in machine.gpus
+    ]
+    return None if same else Hardware(THIS_MACHINE, gpus, machine.host_bytes)
 
 
 def resolve(label_or_text: str, *, host_bytes: int | None = None) -> Hardware:

@@ -1316,8 +1316,16 @@ class MainWindow(QMainWindow):
 
     def _on_live(self) -> None:
         """New NVML/RAM readings: redraw the bars; re-plan when a card's free memory moved
-        (an engine loaded or stopped, another program took memory)."""
+        (an engine loaded or stopped, another program took memory), and plan for this
+        machine's GPUs again when a card came or went."""
         self._refresh_bars()
+        live = self.fleet.live
+        now = hardware.seen_now(self._host, live.nvml, live.amd) if live is not None else None
+        if now is not None:  # a card came or went (seeds row 99): plan for the GPUs there now
+            self._host = now
+            if not self._hardware.what_if:
+                self.set_hardware(hardware.THIS_MACHINE)
+            return
         hw = self._hardware
         if hw.what_if or not hw.gpus:
             return

@@ -315,3 +315,14 @@ def test_the_walk_goes_on_below_a_hugging_face_folder(tmp_path: Path) -> None:
     assert set(models) == {str(folder), str(folder / "gguf" / "llama-q8.gguf")}
     assert models[str(folder)].format == "hf"
     assert models[str(folder / "gguf" / "llama-q8.gguf")].format == "gguf"
+
+
+def test_a_model_is_known_by_its_path_not_its_folder_name(tmp_path: Path) -> None:
+    """docs/guide.md, The model table: two folders of one name in two roots (the same model
+    and quantisation) are two models, each its own id for profiles, ports and exports."""
+    for root in ("a", "b"):
+        write_gguf(tmp_path / root / "llama" / "model-Q4_K_M.gguf", PRESETS["llama"])
+    found = scan([str(tmp_path / "a"), str(tmp_path / "b")]).models
+    assert len(found) == 2 and len({e.name for e in found}) == 1  # one name shown twice
+    assert {e.id for e in found} == {e.path for e in found}
+    assert len({e.id for e in found}) == 2

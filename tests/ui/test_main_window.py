@@ -356,3 +356,23 @@ def test_start_on_a_running_model_selects_its_engine(  # type: ignore[no-untyped
         assert "running already" in w.statusBar().currentMessage()
     finally:
         runner.engines.clear()
+
+
+def test_the_window_plans_for_a_card_that_appears(qtbot, make_window, models: Path) -> None:  # type: ignore[no-untyped-def]
+    """Seeds row 99: a live reading with GPUs this machine did not have at start (a driver
+    that came up late) makes the window plan for them: toolbar, plan and badges."""
+    from qmgui.hw.nvml import read_nvml
+    from qmgui.ui.occupancy import LiveReading
+    from tests.hw.fake_nvml import FakeNvml
+
+    w = make_window([str(models)])
+    settle(qtbot, w)
+    assert w.hardware.gpus == ()  # this machine: no GPU
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "nvml"
+    reading = read_nvml(nvml=FakeNvml(str(fixture / "two-gpus-with-processes.json")))
+    w.fleet.live = LiveReading(reading, None, None, ())
+    w.fleet.liveChanged.emit()
+    assert len(w.hardware.gpus) == 2 and not w.hardware.what_if
+    assert w.hardware_label.text().startswith("2 GPUs")
+    settle(qtbot, w)
+    assert w.outcome is not None and w.outcome.hardware.gpus == w.hardware.gpus

@@ -124,3 +124,32 @@ def test_amd_cards_are_read_live_from_sysfs() -> None:
 
 def replace_name(g: Gpu, name: str) -> Gpu:
     return Gpu(name, g.total_bytes, g.free_bytes, g.backend)
+
+
+def test_a_card_that_comes_or_goes_changes_this_machine() -> None:
+    """Seeds row 99: the window's live poll sees the set of GPUs change (a card added, a driver
+    that came up late, one removed) and plans for the GPUs there now; a driver that is there but
+    does not answer is not taken for the cards being gone."""
+    from qmgui.hw.amdgpu import read_amd_gpus
+    from qmgui.hw.nvml import STATUS_ERROR, STATUS_NO_DRIVER, NvmlReading
+    from qmgui.ui.hardware import THIS_MACHINE, Hardware, seen_now
+
+    two = read_nvml(nvml=FakeNvml(str(FIXTURES / "two-gpus-with-processes.json")))
+    tree = str(FIXTURES.parent / "sysfs" / "amd-dgpu-igpu-intel" / "drm")
+    amd = tuple(read_amd_gpus(tree))
+    cpu_only = Hardware(THIS_MACHINE, (), 64 * GIB)
+    now = seen_now(cpu_only, two, amd)  # the driver came up: NVIDIA first, then the AMD card
+    assert now is not None and now.host_bytes == 64 * GIB and not now.what_if
+    assert [g.name for g in now.gpus] == [
+        f"GPU0 ({two.gpus[0].name})",
+        f"GPU1 ({two.gpus[1].name})",
+        "GPU2 (AMD Radeon RX 7900 XTX)",
+    ]
+    assert seen_now(now, two, amd) is None  # the same set: nothing to do
+    no_driver = NvmlReading(STATUS_NO_DRIVER, "libnvidia-ml.so.1 not found")
+    gone = seen_now(now, no_driver, amd)  # the NVIDIA cards went (the driver with them)
+    assert gone is not None and [g.name for g in gone.gpus] == ["GPU0 (AMD Radeon RX 7900 XTX)"]
+    broken = NvmlReading(STATUS_ERROR, "the driver does not answer")
+    assert broken.broken
+    assert seen_now(now, broken, amd) is None  # not known to be gone
+    assert seen_now(now, None, amd) is None  # not read
