@@ -21,6 +21,7 @@ from qmgui.core.discovery import ModelEntry
 from qmgui.core.meta import ModelClass
 from qmgui.core.roles import RoleError
 from qmgui.service.role_sets import check_roles
+from qmgui.ui.vram_bar import OVER_COLOUR
 
 # the role a selected model is offered with, by what it is (anything else: chat)
 _ROLE_OF = {ModelClass.EMBEDDING: "embed", ModelClass.RERANK: "rerank"}
@@ -72,7 +73,8 @@ class RoleSetDialog(QDialog):
         self.message = QLabel("", self)
         self.message.setObjectName("role-set-message")
         self.message.setWordWrap(True)
-        self.message.setStyleSheet("color: palette(highlight);")
+        # an error, in the colour the plan's "does not fit" uses (readable in both themes)
+        self.message.setStyleSheet(f"color: {OVER_COLOUR.name()};")
         self.message.hide()
         form = QFormLayout()
         form.addRow("Name:", self.name_edit)
