@@ -48,35 +48,30 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from qmgui.core.compute import (
-    _CELLS,
-    _COEF_MAX,
-    _SYM_U,
-    _SYM_V,
-    _T,
     GRAPH_FAULTS,
-    _affine,
-    _Arena,
-    _Build,
-    _Builder,
-    _claim,
-    _Dims,
-    _dims,
-    _Graph,
     _is_embedding,
     _layout,
-    _nbytes,
-    _NotAffine,
-    _replay_layers,
     _reserve_shapes,
-    _run_best_fit,
-    _same_layout,
-    _same_layout_symbolic,
-    _Shape,
-    _swa_cells,
     check_graph_size,
     graph_fault,
 )
 from qmgui.core.errors import SizingError
+from qmgui.core.ggml.alloc import Arena, same_layout
+from qmgui.core.ggml.compile import (
+    CELLS,
+    COEF_MAX,
+    SYM_U,
+    SYM_V,
+    NotAffine,
+    affine,
+    claim,
+    run_best_fit,
+    same_layout_symbolic,
+)
+from qmgui.core.ggml.graph import Graph
+from qmgui.core.ggml.tensor import Tensor, nbytes
+from qmgui.core.graph.builder import Build, Builder
+from qmgui.core.graph.dims import Dims, Shape, dims, replay_layers, swa_cells
 from qmgui.core.launch import Resolved
 from qmgui.core.meta import ModelMeta
 
@@ -170,23 +165,23 @@ def sched_compute_bytes(
 def _layers(meta: ModelMeta, offload: Offload) -> tuple[int, ...]:
     """The layers the graph is built with. With anything in host memory, a copy lives from
     the first split that reads it to its last reader: which layers those are depends on the
-    whole stack, so it is built whole (_replay_layers' shortcut holds for one allocator, not
+    whole stack, so it is built whole (replay_layers' shortcut holds for one allocator, not
     for copies across backends)."""
     if offload.host_layers or offload.host_experts or offload.host_caches:
         return tuple(range(meta.n_layer))
-    return _replay_layers(meta)
+    return replay_layers(meta)
 
 
 def _peaks_plain(
-    meta: ModelMeta, r: Resolved, offload: Offload, build: _Build, embeddings: bool
+    meta: ModelMeta, r: Resolved, offload: Offload, build: Build, embeddings: bool
 ) -> tuple[int, int]:
     """(GPU, host) peaks over the reserve graphs, the plain way: build each graph for this
     context and walk it. The reference the compiled walk (_peaks) must equal."""
-    d = replace(_dims(meta, r, embeddings), layers=_layers(meta, offload))
+    d = replace(dims(meta, r, embeddings), layers=_layers(meta, offload))
     sizes = _host_weight_sizes(meta)
     gpu = host = 0
     for shape in _reserve_shapes(r, embeddings):
-        b = _Builder(d, shape)
+        b = Builder(d, shape)
         build(b)
         g_peak, h_peak = _walk(b.g, offload, sizes, meta.n_layer)
         gpu, host = max(gpu, g_peak), max(host, h_peak)
@@ -239,9 +234,9 @@ class _Sizes:
     by_shape: dict[tuple[int, bool, tuple[int, ...]], int]
     largest: dict[tuple[int, bool], int]
 
-    def of(self, t: _T) -> int:
+    def of(self, t: Tensor) -> int:
         n = self.by_shape.get((t.layer, t.expert, _shape(t.ne)))
-        return n if n is not None else self.largest.get((t.layer, t.expert), 0) or _nbytes(t)
+        return n if n is not None else self.largest.get((t.layer, t.expert), 0) or nbytes(t)
 
 
 def _shape(ne: Sequence[int]) -> tuple[int, ...]:
@@ -261,10 +256,10 @@ def _host_weight_sizes(meta: ModelMeta) -> _Sizes:
     by_shape: dict[tuple[int, bool, tuple[int, ...]], int] = {}
     largest: dict[tuple[int, bool], int] = {}
 
-    def put(layer: int, expert: bool, shape: Sequence[int], nbytes: int) -> None:
+    def put(layer: int, expert: bool, shape: Sequence[int], size: int) -> None:
         k = (layer, expert, _shape(shape))
-        by_shape[k] = max(by_shape.get(k, 0), nbytes)
-        largest[k[:2]] = max(largest.get(k[:2], 0), nbytes)
+        by_shape[k] = max(by_shape.get(k, 0), size)
+        largest[k[:2]] = max(largest.get(k[:2], 0), size)
 
     for t in meta.tensors:
         m = _BLK.match(t.name)
@@ -287,7 +282,7 @@ def _host_weight_sizes(meta: ModelMeta) -> _Sizes:
 # --- pass 1 to 5 --------------------------------------------------------------------------------
 
 
-def _batch(t: _T) -> int:
+def _batch(t: Tensor) -> int:
     """get_op_batch_size (ggml-cuda.cu, ggml-vulkan.cpp): the rows an op works on."""
     if t.op == "get_rows":
         return 0
@@ -298,7 +293,7 @@ def _batch(t: _T) -> int:
     return t.ne[1] * t.ne[2] * t.ne[3]
 
 
-def _external_backend(t: _T, o: Offload, n_layer: int) -> int:
+def _external_backend(t: Tensor, o: Offload, n_layer: int) -> int:
     """Where a weight or cache lives: token embeddings on the host, the output layer on the
     GPU unless -ngl 0, a layer's weights (its experts) and caches as the launch placed them."""
     if t.is_weight:
@@ -312,7 +307,7 @@ def _external_backend(t: _T, o: Offload, n_layer: int) -> int:
     return HOST if t.layer in o.host_caches else GPU
 
 
-def _supported(t: _T, b: int, o: Offload) -> bool:
+def _supported(t: Tensor, b: int, o: Offload) -> bool:
     """ggml_backend_supports_op where it matters here: Vulkan's SSM scan has kernels for
     states of 128 and 256 only (ggml_vk_op_get_pipeline); the CPU runs everything."""
     if b == HOST or o.backend != "vulkan":
@@ -320,7 +315,7 @@ def _supported(t: _T, b: int, o: Offload) -> bool:
     return not (t.op == "ssm_scan" and t.src[0].ne[0] not in (128, 256))
 
 
-def _assign(g: _Graph, o: Offload, n_layer: int) -> dict[int, int]:
+def _assign(g: Graph, o: Offload, n_layer: int) -> dict[int, int]:
     """Passes 1-4 of ggml_backend_sched_split_graph: a backend per tensor (by id)."""
     be: dict[int, int] = {}
     for leaf in g.leafs:  # graph inputs go to the CPU ("1.inp")
@@ -342,7 +337,7 @@ def _assign(g: _Graph, o: Offload, n_layer: int) -> dict[int, int]:
     return be
 
 
-def _pass1(t: _T, o: Offload, n_layer: int) -> int | None:
+def _pass1(t: Tensor, o: Offload, n_layer: int) -> int | None:
     """ggml_backend_sched_backend_id_from_cur for a node, or None (decided later)."""
     root = t.view_src
     if root is not None:  # "1.vsrc": views of weights and caches, writes into caches
@@ -359,7 +354,7 @@ def _pass1(t: _T, o: Offload, n_layer: int) -> int | None:
     return None
 
 
-def _expand(order: Sequence[_T], be: dict[int, int], o: Offload, *, gpu_only: bool) -> None:
+def _expand(order: Sequence[Tensor], be: dict[int, int], o: Offload, *, gpu_only: bool) -> None:
     """Pass 2: unassigned nodes take the backend of the node before them in `order` (the GPU
     only, skipping CPU nodes, in the first two sweeps)."""
     cur = -1
@@ -376,15 +371,15 @@ class _Split:
     backend: int
     start: int
     end: int = 0
-    inputs: list[tuple[_T, _T]] = field(default_factory=list)  # (source, its copy)
+    inputs: list[tuple[Tensor, Tensor]] = field(default_factory=list)  # (source, its copy)
 
 
-def _split(g: _Graph, be: dict[int, int], sizes: _Sizes) -> list[_Split]:
+def _split(g: Graph, be: dict[int, int], sizes: _Sizes) -> list[_Split]:
     """Pass 5: splits, and one copy of every tensor read from the other backend, made at the
     start of the first split that reads it (the readers are rewired to the copy)."""
     nodes = g.nodes
     splits: list[_Split] = []
-    copies: dict[tuple[int, int], _T] = {}
+    copies: dict[tuple[int, int], Tensor] = {}
     cur: _Split | None = None
     for i, t in enumerate(nodes):
         if t.op in _VIEW_OPS:
@@ -417,14 +412,14 @@ def _split(g: _Graph, be: dict[int, int], sizes: _Sizes) -> list[_Split]:
     return splits
 
 
-def _copy_of(s: _T, reader: _T, sizes: _Sizes) -> _T:
+def _copy_of(s: Tensor, reader: Tensor, sizes: _Sizes) -> Tensor:
     """ggml_dup_tensor_layout of a source read across backends: a weight in its file type,
     anything else in its own layout."""
     if s.is_weight:
         # matrices in their file type; norm weights and biases are F32 vectors
         n = sizes.of(s) if reader.op in ("mul_mat", "mul_mat_id") else s.nelements * 4
-        return _T("i8", (n,))
-    return _T(s.type, s.ne, nb=s.nb)
+        return Tensor("i8", (n,))
+    return Tensor(s.type, s.ne, nb=s.nb)
 
 
 # --- ggml_vk_graph_optimize ---------------------------------------------------------------------
@@ -456,13 +451,13 @@ _FUSE = frozenset(
 _WINDOW = 20
 
 
-def _is_src_of(dst: _T, src: _T) -> bool:
+def _is_src_of(dst: Tensor, src: Tensor) -> bool:
     if any(s is src for s in dst.src):
         return True
     return (dst.view_src or dst) is (src.view_src or src)  # views of the same tensor
 
 
-def _vk_reorder(nodes: Sequence[_T]) -> list[_T]:  # noqa: C901 - one loop, as upstream
+def _vk_reorder(nodes: Sequence[Tensor]) -> list[Tensor]:  # noqa: C901 - one loop, as upstream
     """ggml_vk_graph_optimize: from the first unscheduled node, pull forward the nodes within
     the next 20 that depend on nothing unscheduled (or only on the node before them when the
     two fuse), with the RoPE and KV-cache write that follow a norm, then the views whose
@@ -470,7 +465,7 @@ def _vk_reorder(nodes: Sequence[_T]) -> list[_T]:  # noqa: C901 - one loop, as u
     n = len(nodes)
     used = [False] * n
     done: set[int] = set()
-    out: list[_T] = []
+    out: list[Tensor] = []
 
     def match(p: tuple[str, ...], at: int) -> bool:
         return at + len(p) <= n and all(
@@ -522,7 +517,7 @@ def _vk_reorder(nodes: Sequence[_T]) -> list[_T]:  # noqa: C901 - one loop, as u
 
 
 def _pull_followers(
-    nodes: Sequence[_T], j: int, cur: list[int], used: list[bool], done: set[int]
+    nodes: Sequence[Tensor], j: int, cur: list[int], used: list[bool], done: set[int]
 ) -> None:
     """The nodes ggml_vk_graph_optimize schedules right after node j when it fuses with
     them: the RoPE of a normed Q/K and its KV-cache write, the bias add and scale of an
@@ -534,7 +529,7 @@ def _pull_followers(
         cur.append(k)
         used[k] = True
 
-    def find(test: Callable[[_T], bool], stop: int, start: int = j + 1) -> int:
+    def find(test: Callable[[Tensor], bool], stop: int, start: int = j + 1) -> int:
         return next((k for k in range(start, min(stop, n)) if test(nodes[k])), -1)
 
     k_rope = j
@@ -586,10 +581,10 @@ class _ArenaLike(Protocol):
     def free(self, offset: int, size: int) -> None: ...
 
 
-def _walk(g: _Graph, o: Offload, sizes: _Sizes, n_layer: int) -> tuple[int, int]:
+def _walk(g: Graph, o: Offload, sizes: _Sizes, n_layer: int) -> tuple[int, int]:
     """(GPU, host) high-water marks of ggml_gallocr_alloc_graph_impl over the split graph."""
-    arenas = (_Arena(_gpu_alignment(o)), _Arena(HOST_ALIGNMENT))
-    _run_walk(g, o, sizes, n_layer, arenas=arenas, same=_same_layout)
+    arenas = (Arena(_gpu_alignment(o)), Arena(HOST_ALIGNMENT))
+    _run_walk(g, o, sizes, n_layer, arenas=arenas, same=same_layout)
     return arenas[GPU].max_size, arenas[HOST].max_size
 
 
@@ -598,20 +593,20 @@ def _gpu_alignment(o: Offload) -> int:
 
 
 def _run_walk(
-    g: _Graph,
+    g: Graph,
     o: Offload,
     sizes: _Sizes,
     n_layer: int,
     *,
     arenas: Sequence[_ArenaLike],
-    same: Callable[[_T, _T], bool],
+    same: Callable[[Tensor, Tensor], bool],
 ) -> None:
     """Passes 1-5, the reordering and ggml-alloc's walk over the split graph, placing into
-    `arenas` (GPU, host); `same` decides _same_layout (the compiled walk records instead)."""
+    `arenas` (GPU, host); `same` decides same_layout (the compiled walk records instead)."""
     be = _assign(g, o, n_layer)
     seq = _sequence(g, be, _split(g, be, sizes), o)
 
-    def arena(t: _T) -> _ArenaLike:
+    def arena(t: Tensor) -> _ArenaLike:
         return arenas[be.get(id(t), HOST)]
 
     for leaf in g.leafs:
@@ -628,10 +623,10 @@ def _run_walk(
                 _alloc(a, s, same)
         _alloc(a, t, same)
         for p in t.src:
-            _release(p, arena)
+            release(p, arena)
 
 
-def _release(p: _T, arena: Callable[[_T], _ArenaLike]) -> None:
+def release(p: Tensor, arena: Callable[[Tensor], _ArenaLike]) -> None:
     """A reader of `p` has run: free it (or what it views) after its last reader."""
     p.n_children -= 1
     if p.n_children or p.n_views or (p.view_src is not None and p.op == "none"):
@@ -646,14 +641,14 @@ def _release(p: _T, arena: Callable[[_T], _ArenaLike]) -> None:
         _free(arena(root), root)
 
 
-def _sequence(g: _Graph, be: dict[int, int], splits: Sequence[_Split], o: Offload) -> list[_T]:
+def _sequence(g: Graph, be: dict[int, int], splits: Sequence[_Split], o: Offload) -> list[Tensor]:
     """The scheduler's graph copy: per split, each input's source dependency and its copy,
     then the split's nodes (reordered on Vulkan)."""
-    seq: list[_T] = []
+    seq: list[Tensor] = []
     for sp in splits:
         for src, cp in sp.inputs:
             # input_dep keeps the source alive until it is copied (a GGML_OP_NONE view of it)
-            dep = _T(src.type, src.ne, op="none", src=(src,), view_src=src, nb=src.nb)
+            dep = Tensor(src.type, src.ne, op="none", src=(src,), view_src=src, nb=src.nb)
             be[id(dep)] = be.get(id(src), HOST)
             seq += (dep, cp)
         part = g.nodes[sp.start : sp.end]
@@ -661,16 +656,16 @@ def _sequence(g: _Graph, be: dict[int, int], splits: Sequence[_Split], o: Offloa
     return seq
 
 
-def _alloc(arena: _ArenaLike, t: _T, same: Callable[[_T, _T], bool]) -> None:
+def _alloc(arena: _ArenaLike, t: Tensor, same: Callable[[Tensor, Tensor], bool]) -> None:
     """ggml_gallocr_allocate_node: in place over a dying parent if allowed, else best fit."""
-    if _claim(t, same) is False:
-        t.offset = arena.alloc(_nbytes(t))
+    if claim(t, same) is False:
+        t.offset = arena.alloc(nbytes(t))
 
 
-def _free(arena: _ArenaLike, t: _T) -> None:
+def _free(arena: _ArenaLike, t: Tensor) -> None:
     if t.is_output:
         return
-    arena.free(t.offset, _nbytes(t))
+    arena.free(t.offset, nbytes(t))
     t.allocated = False
 
 
@@ -679,17 +674,17 @@ def _free(arena: _ArenaLike, t: _T) -> None:
 # As in core.compute ("the walk compiled once per graph structure"), a context changes no op,
 # source or view of the graphs, only the sizes of the tensors that span the KV cache, and
 # those linearly in u and v (cells of the full and the sliding-window cache, in units of
-# _CELLS). Nothing the scheduler decides reads those sizes: where a node runs depends on
+# CELLS). Nothing the scheduler decides reads those sizes: where a node runs depends on
 # where its weights and caches are and on its batch (rows of tokens, not cells), the splits
 # and the copies on the backends alone, Vulkan's reordering on ops and sources. So each
 # structure (everything but the cells, plus the offload) is built once with u and v as
-# symbols (core.compute's _SYM_U and _SYM_V), walked once with arenas that record instead of
+# symbols (core.compute's SYM_U and SYM_V), walked once with arenas that record instead of
 # place, and each later context costs one best-fit pass per arena over the recorded events
 # and the sizes read back as c + a*u + b*v.
 #
 # Guards, each falling back to the plain build and walk (_peaks_plain) for that structure for
 # good: a size that is not affine; an in-place decision a context could flip
-# (_same_layout_symbolic); a batch or SSM state that depends on the cells where the scheduler
+# (same_layout_symbolic); a batch or SSM state that depends on the cells where the scheduler
 # compares it; a tensor freed in another arena than the one that placed it. The symbolic
 # graph must also be the graph built at the real context that first asked for it: the same
 # ops, sources, views and flags, and every shape and stride the symbolic one evaluated there.
@@ -698,15 +693,15 @@ def _free(arena: _ArenaLike, t: _T) -> None:
 
 
 def _peaks(
-    meta: ModelMeta, r: Resolved, offload: Offload, build: _Build, embeddings: bool
+    meta: ModelMeta, r: Resolved, offload: Offload, build: Build, embeddings: bool
 ) -> tuple[int, int]:
     """(GPU, host) peaks over the reserve graphs: _peaks_plain's result, from the compiled
     walk where the structure allows it."""
-    n_kv, n_kv_swa = r.n_ctx_seq, _swa_cells(meta, r)
-    if n_kv <= 0 or n_kv_swa <= 0 or n_kv % _CELLS or n_kv_swa % _CELLS:
+    n_kv, n_kv_swa = r.n_ctx_seq, swa_cells(meta, r)
+    if n_kv <= 0 or n_kv_swa <= 0 or n_kv % CELLS or n_kv_swa % CELLS:
         return _peaks_plain(meta, r, offload, build, embeddings)
-    u, v = n_kv // _CELLS, n_kv_swa // _CELLS
-    layers, replay = _layers(meta, offload), _replay_layers(meta)
+    u, v = n_kv // CELLS, n_kv_swa // CELLS
+    layers, replay = _layers(meta, offload), replay_layers(meta)
     # everything the graphs depend on but the cells (core.compute._reserve_bytes' key)
     structure = (
         id(meta),
@@ -720,12 +715,12 @@ def _peaks(
         r.cache_type_v,
     )
     gpu = host = 0
-    d: _Dims | None = None
+    d: Dims | None = None
     for shape in _reserve_shapes(r, embeddings):
         graph_key = (*structure, shape)
         key = (*graph_key, offload)
         hit = _PROGRAMS.get(key)
-        prog: _Program | None = None
+        prog: Program | None = None
         if hit is not None and hit[0] is meta:
             prog = hit[1]
         elif layers != replay or _seen_before(meta, graph_key):
@@ -743,8 +738,8 @@ def _peaks(
             _PROGRAMS[key] = (meta, prog)
         if prog is None:
             if d is None:
-                d = replace(_dims(meta, r, embeddings), layers=layers)
-            b = _Builder(d, shape)
+                d = replace(dims(meta, r, embeddings), layers=layers)
+            b = Builder(d, shape)
             build(b)
             g_peak, h_peak = _walk(b.g, offload, _host_weight_sizes(meta), meta.n_layer)
         else:
@@ -771,7 +766,7 @@ def _seen_before(meta: ModelMeta, graph_key: tuple[object, ...]) -> bool:
 
 
 @dataclass(frozen=True)
-class _Program:
+class Program:
     """One structure's walk over the split graph: per arena (GPU, host) its events (slot:
     allocate, ~slot: free), and per slot its padded size, constant or, for `grows` (slot, c,
     a, b, alignment), c + a*u + b*v bytes before padding."""
@@ -793,13 +788,13 @@ class _Program:
         sizes = list(self.sizes)
         for slot, c, a, b, align in self.grows:
             sizes[slot] = -(-(c + a * u + b * v) // align) * align
-        gpu = _run_best_fit(self.events[GPU], sizes) if need[GPU] else 0
-        host = _run_best_fit(self.events[HOST], sizes) if need[HOST] else 0
+        gpu = run_best_fit(self.events[GPU], sizes) if need[GPU] else 0
+        host = run_best_fit(self.events[HOST], sizes) if need[HOST] else 0
         return gpu, host
 
 
 _PROGRAMS_KEPT = 256  # a full-size MoE stack: ~0.1 MB a program
-_PROGRAMS: dict[tuple[object, ...], tuple[ModelMeta, _Program | None]] = {}
+_PROGRAMS: dict[tuple[object, ...], tuple[ModelMeta, Program | None]] = {}
 # symbolic graphs, by structure and shape: one per structure serves every offload (a fit
 # search tries many), restored between walks; None where it cannot stand for every context
 _GRAPHS_KEPT = 8  # a full-size MoE stack: ~1.5 MB a graph
@@ -812,7 +807,7 @@ _COMPILING = threading.Lock()
 class _SymGraph:
     """A graph built with u and v as symbols, and what a walk changes in it, to restore."""
 
-    def __init__(self, g: _Graph) -> None:
+    def __init__(self, g: Graph) -> None:
         self.g = g
         self.srcs = tuple(t.src for t in g.nodes)
 
@@ -845,7 +840,7 @@ class _Recorder:
 
     def free(self, offset: int, size: int) -> None:
         if self.arena_of[offset] != self.which or self.sizes[offset] != size:
-            raise _NotAffine  # not a walk two independent best-fit arenas can replay
+            raise NotAffine  # not a walk two independent best-fit arenas can replay
         self.events.append(~offset)
 
 
@@ -854,11 +849,11 @@ def _compile(
     r: Resolved,
     offload: Offload,
     *,
-    build: _Build,
+    build: Build,
     embeddings: bool,
     graph_key: tuple[object, ...],
-    shape: _Shape,
-) -> _Program | None:
+    shape: Shape,
+) -> Program | None:
     """Compile one structure's walk (None where a context could change more than sizes)."""
     with _COMPILING:
         hit = _GRAPHS.get(graph_key)
@@ -879,10 +874,10 @@ def _compile(
         try:
             sizes_of = _host_weight_sizes(meta)
             _run_walk(
-                graph.g, offload, sizes_of, meta.n_layer, arenas=rec, same=_same_layout_symbolic
+                graph.g, offload, sizes_of, meta.n_layer, arenas=rec, same=same_layout_symbolic
             )
             return _program(rec, sizes, arena_of, (_gpu_alignment(offload), HOST_ALIGNMENT))
-        except _NotAffine:
+        except NotAffine:
             return None
         finally:
             graph.restore()
@@ -890,17 +885,17 @@ def _compile(
 
 def _program(
     rec: Sequence[_Recorder], sizes: Sequence[int], arena_of: Sequence[int], aligns: Sequence[int]
-) -> _Program:
+) -> Program:
     fixed: list[int] = []
     grows: list[tuple[int, int, int, int, int]] = []
     totals = [[0, 0, 0], [0, 0, 0]]
     for slot, (size, which) in enumerate(zip(sizes, arena_of, strict=True)):
-        c, a, b = _affine(size)
+        c, a, b = affine(size)
         align = aligns[which]
         total = totals[which]
         if a or b:
             if a < 0 or b < 0 or c + a + b < 0:
-                raise _NotAffine  # a size that shrinks with the context
+                raise NotAffine  # a size that shrinks with the context
             grows.append((slot, c, a, b, align))
             fixed.append(0)
             total[0] += c + align - 1
@@ -911,7 +906,7 @@ def _program(
             fixed.append(padded)
             total[0] += padded
     g, h = totals
-    return _Program(
+    return Program(
         (tuple(rec[GPU].events), tuple(rec[HOST].events)),
         tuple(fixed),
         tuple(grows),
@@ -922,24 +917,24 @@ def _program(
 def _sym_graph(
     meta: ModelMeta,
     r: Resolved,
-    build: _Build,
+    build: Build,
     *,
     embeddings: bool,
     layers: tuple[int, ...],
-    shape: _Shape,
+    shape: Shape,
 ) -> _SymGraph | None:
     """The graph built with the cells as symbols, if it stands for every context: it must be
     the graph built at this context (shapes and strides evaluated), and the scheduler must
     not compare anything that grows with the cells."""
-    d = replace(_dims(meta, r, embeddings), layers=layers)
-    sym = _Builder(replace(d, n_kv=_CELLS * _SYM_U, n_kv_swa=_CELLS * _SYM_V), shape)
+    d = replace(dims(meta, r, embeddings), layers=layers)
+    sym = Builder(replace(d, n_kv=CELLS * SYM_U, n_kv_swa=CELLS * SYM_V), shape)
     build(sym)
-    real = _Builder(d, shape)
+    real = Builder(d, shape)
     build(real)
     try:
-        if not _same_graph(sym.g, real.g, d.n_kv // _CELLS, d.n_kv_swa // _CELLS):
+        if not _same_graph(sym.g, real.g, d.n_kv // CELLS, d.n_kv_swa // CELLS):
             return None
-    except _NotAffine:
+    except NotAffine:
         return None
     for t in sym.g.nodes:
         if t.op == "ssm_scan" and not _small(t.src[0].ne[0]):
@@ -955,10 +950,10 @@ def _sym_graph(
 
 def _small(x: int) -> bool:
     """Free of the symbols: a value every context shares."""
-    return -_COEF_MAX < x < _COEF_MAX
+    return -COEF_MAX < x < COEF_MAX
 
 
-def _same_graph(sym: _Graph, real: _Graph, u: int, v: int) -> bool:
+def _same_graph(sym: Graph, real: Graph, u: int, v: int) -> bool:
     """Whether `real` is `sym` at u, v: the same tensors in the same order with the same ops,
     types, flags, sources and views, and every shape and stride of `sym` evaluating to
     `real`'s (shapes that grow: never below 1 at any context)."""
@@ -994,7 +989,7 @@ def _same_graph(sym: _Graph, real: _Graph, u: int, v: int) -> bool:
             for p, q in zip(xv, yv, strict=True):
                 if p == q:
                     continue
-                c, a, b = _affine(p)
+                c, a, b = affine(p)
                 if c + a * u + b * v != q:
                     return False
                 if grows and (a < 0 or b < 0 or c + a + b < 1):

@@ -21,7 +21,13 @@ from hypothesis import strategies as st
 
 from qmgui.core.compute import GENERIC_MARGIN, compute_buffer_bytes, output_buffer_bytes
 from qmgui.core.errors import SizingError
+from qmgui.core.ggml.alloc import CPU_ALIGNMENT, Arena
+from qmgui.core.ggml.compile import SYM_U, SYM_V, NotAffine, affine, run_best_fit
+from qmgui.core.ggml.tensor import Tensor
 from qmgui.core.gguf_header import header_from_data
+from qmgui.core.graph import dims as dims_mod
+from qmgui.core.graph.builder import Builder
+from qmgui.core.graph.dims import dims
 from qmgui.core.launch import LaunchSettings, Resolved, resolve
 from qmgui.core.meta import ModelMeta, meta_from_gguf
 
@@ -318,7 +324,7 @@ def test_headers_without_layers_are_refused() -> None:
 def test_replaying_a_few_layers_gives_the_full_replays_bytes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """compute._replay_layers skips repeated layers; the bytes must not change."""
+    """graph.dims.replay_layers skips repeated layers; the bytes must not change."""
     import qmgui.core.compute as compute_mod
 
     checked = 0
@@ -332,7 +338,9 @@ def test_replaying_a_few_layers_gives_the_full_replays_bytes(
             except SizingError:
                 continue
             with monkeypatch.context() as m:
-                m.setattr(compute_mod, "_replay_layers", lambda mm: tuple(range(mm.n_layer)))
+                full_replay = lambda mm: tuple(range(mm.n_layer))  # noqa: E731
+                m.setattr(dims_mod, "replay_layers", full_replay)  # what the graph is built with
+                m.setattr(compute_mod, "replay_layers", full_replay)  # the structure key
                 m.setattr(compute_mod, "_BYTES_CACHE", {})  # no answer from the short replay
                 full = compute_buffer_bytes(meta, r, embeddings=emb)
             assert short == full, (label, row)
@@ -385,11 +393,9 @@ def test_the_compiled_walk_gives_the_plain_builds_bytes(
 
 
 def test_the_compiled_allocator_is_ggml_allocs_best_fit() -> None:
-    """compute._run_best_fit (the inlined allocator) against compute._Arena on random walks:
+    """ggml.compile.run_best_fit (the inlined allocator) against ggml.alloc.Arena on random walks:
     sizes of all kinds (zero, tiny, equal, large) allocated and freed in random orders."""
     import random
-
-    import qmgui.core.compute as compute_mod
 
     rng = random.Random(20240521)
     for _ in range(400):
@@ -410,26 +416,25 @@ def test_the_compiled_allocator_is_ggml_allocs_best_fit() -> None:
                 live.append(len(sizes))
                 events.append(len(sizes))
                 sizes.append(size)
-        arena = compute_mod._Arena(compute_mod.CPU_ALIGNMENT)
+        arena = Arena(CPU_ALIGNMENT)
         offsets: dict[int, int] = {}
         for e in events:
             if e >= 0:
                 offsets[e] = arena.alloc(sizes[e])
             else:
                 arena.free(offsets[~e], sizes[~e])
-        assert compute_mod._run_best_fit(events, sizes) == arena.max_size, (events, sizes)
+        assert run_best_fit(events, sizes) == arena.max_size, (events, sizes)
 
 
 def test_sizes_are_read_back_only_when_affine_in_the_cells() -> None:
-    import qmgui.core.compute as compute_mod
 
-    u, v = compute_mod._SYM_U, compute_mod._SYM_V
-    assert compute_mod._affine(7 + 3 * u + 5 * v) == (7, 3, 5)
-    assert compute_mod._affine(-7 + 3 * u - 5 * v) == (-7, 3, -5)
-    assert compute_mod._affine(4096) == (4096, 0, 0)
+    u, v = SYM_U, SYM_V
+    assert affine(7 + 3 * u + 5 * v) == (7, 3, 5)
+    assert affine(-7 + 3 * u - 5 * v) == (-7, 3, -5)
+    assert affine(4096) == (4096, 0, 0)
     for not_affine in (u * u, 3 * u * u + u, u * v, v * v, 2 * u**3):
-        with pytest.raises(compute_mod._NotAffine):
-            compute_mod._affine(not_affine)
+        with pytest.raises(NotAffine):
+            affine(not_affine)
 
 
 def test_structures_a_context_could_change_fall_back_to_the_plain_build(
@@ -440,18 +445,18 @@ def test_structures_a_context_could_change_fall_back_to_the_plain_build(
     wide), is not compiled: those structures are built and walked every time."""
     import qmgui.core.compute as compute_mod
 
-    def quadratic(b: compute_mod._Builder) -> None:
+    def quadratic(b: Builder) -> None:
         g = b.g
         square = g.op("scale", g.input("f32", b.d.n_kv, b.d.n_kv // 256))
         g.expand(g.mul_mat(g.weight(square.ne[0], 8), square))
 
-    def flip(b: compute_mod._Builder) -> None:
+    def flip(b: Builder) -> None:
         g = b.g
         wide = g.op("scale", g.input("f32", b.d.n_kv, 4))
         child = g.op("add", wide, ne=(b.d.n_kv_swa, 4))
         g.expand(g.mul_mat(g.weight(b.d.n_kv_swa, 8), child))
 
-    def affine(b: compute_mod._Builder) -> None:
+    def affine_graph(b: Builder) -> None:
         g = b.g
         wide = g.op("scale", g.input("f32", b.d.n_kv, 4))
         g.expand(g.mul_mat(g.weight(b.d.n_kv, 8), g.op("add", wide, wide)))
@@ -460,7 +465,7 @@ def test_structures_a_context_could_change_fall_back_to_the_plain_build(
     meta = _models()["r-gemma3"]  # sliding window: n_kv_swa below n_kv at long contexts
     row = next(r for r in _rows("r-gemma3") if r["swa_full"] == "0" and r["np"] == "1")
     base = _resolved(row)
-    for build, compiled in ((quadratic, False), (flip, False), (affine, True)):
+    for build, compiled in ((quadratic, False), (flip, False), (affine_graph, True)):
         for cells in (256, 1024, 8192, 32768):
             for swa_full in (False, True):  # True: both caches the same size
                 r = dataclasses.replace(_at_cells(base, cells), swa_full=swa_full)
@@ -524,13 +529,11 @@ def test_mixed_batch_graph_follows_the_b11434_dump(
     there: mul by an [1, n_tokens] input (inp_scaled) instead of the model's scale."""
     import qmgui.core.compute as compute_mod
 
-    def prompt_graph(preset: str, mixed: bool) -> list[compute_mod._T]:
+    def prompt_graph(preset: str, mixed: bool) -> list[Tensor]:
         meta = _preset_meta(preset, tmp_path_factory.getbasetemp())
         r = resolve(meta, LaunchSettings(ctx_size=1024))
         build, _ = compute_mod._layout(meta, mixed_batch=mixed)
-        b = compute_mod._Builder(
-            compute_mod._dims(meta, r, False), compute_mod._reserve_shapes(r, False)[0]
-        )
+        b = Builder(dims(meta, r, False), compute_mod._reserve_shapes(r, False)[0])
         build(b)
         return b.g.nodes
 

@@ -21,10 +21,11 @@ from dataclasses import replace
 import pytest
 
 from qmgui.core import sched
-from qmgui.core.compute import _Builder, _is_embedding, _layout
+from qmgui.core.compute import _is_embedding, _layout
 from qmgui.core.errors import SizingError
 from qmgui.core.fit import Budget, _fits, check, gpus_from_sizes
 from qmgui.core.gguf_header import read_gguf_header
+from qmgui.core.graph.builder import Builder
 from qmgui.core.launch import LaunchSettings, Resolved, resolve
 from qmgui.core.meta import ModelMeta, meta_from_gguf
 from qmgui.core.units import GIB
@@ -173,14 +174,14 @@ def test_the_public_answer_is_the_plain_one(metas: dict[str, ModelMeta]) -> None
             assert bool(got.notes) == bool(offload.host_caches)
 
 
-def _quadratic(b: _Builder) -> None:
+def _quadratic(b: Builder) -> None:
     """A graph with a tensor n_kv x n_kv: not affine in the cells."""
     g = b.g
     square = g.op("scale", g.input("f32", b.d.n_kv, b.d.n_kv // 256))
     g.expand(g.mul_mat(g.weight(square.ne[0], 8), square))
 
 
-def _batch_of_cells(b: _Builder) -> None:
+def _batch_of_cells(b: Builder) -> None:
     """A matmul on a weight whose batch is the cells: where it runs depends on the context
     (offload_op's 32 rows), so its structure cannot be compiled."""
     g = b.g
@@ -188,7 +189,7 @@ def _batch_of_cells(b: _Builder) -> None:
     g.expand(g.mul_mat(g.weight(64, 8), x))
 
 
-def _affine_graph(b: _Builder) -> None:
+def _affine_graph(b: Builder) -> None:
     g = b.g
     wide = g.op("scale", g.input("f32", b.d.n_kv, 4))
     g.expand(g.mul_mat(g.weight(b.d.n_kv, 8), g.op("add", wide, wide)))

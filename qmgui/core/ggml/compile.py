@@ -1,0 +1,266 @@
+"""The ggml-alloc walk compiled once per graph structure, replayed per context.
+
+In the graph builders (qmgui.core.graph, qmgui.core.models) a context (the cells per KV
+stream, n_kv and n_kv_swa) changes no op, source or view of a graph, only the sizes of the
+tensors that span the KV cache (the KQ mask, the cache views, the attention scores), and those
+linearly. So each graph structure (everything but the cells: core.compute._reserve_bytes'
+key) is built once with the cell counts as symbols, its ggml-alloc walk recorded as
+allocations and frees of slots, and each slot's size read back as c + a*u + b*v bytes (u, v:
+cells of the full and the sliding-window cache, in units of CELLS, which makes every size an
+integer). A new context then costs one pass of the best-fit allocator over those events and
+sizes.
+
+The symbols are large powers of two, so an integer polynomial in them with small coefficients
+shows each coefficient in its own digits: a size that is not affine (a product of cell counts)
+is detected, and so is an in-place decision that some context could flip (a layout equal to
+its parent's at one cell count only). Either makes the structure fall back to the plain build
+for good. A compiled structure is also built at the real context that asked for it, and must
+give the same events, and the same sizes from its coefficients, there. test_compute checks it
+against the plain build on every fixture model over many contexts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from qmgui.core.ggml.alloc import CPU_ALIGNMENT, INPLACE_OPS, same_layout
+from qmgui.core.ggml.graph import Graph
+from qmgui.core.ggml.tensor import Tensor, nbytes
+
+CELLS = 256  # KV cells come in multiples of this (launch.CTX_PAD)
+
+
+SYM_U = 1 << 64  # u in the symbolic build
+
+
+SYM_V = 1 << 1024  # v in the symbolic build: above u**15, beyond any size's degree in u
+
+
+COEF_MAX = 1 << 62  # coefficients are read back only below this
+
+
+class NotAffine(Exception):
+    """A structure whose walk a context could change: it is built and walked every time."""
+
+
+def affine(x: int) -> tuple[int, int, int]:
+    """(c, a, b) with x == c + a*SYM_U + b*SYM_V, each coefficient small; NotAffine if
+    x is not of that form (a power of u above the first, or a product with v)."""
+    c = x % SYM_U
+    if c >= SYM_U // 2:
+        c -= SYM_U
+    rest = (x - c) // SYM_U
+    a = rest % SYM_U
+    if a >= SYM_U // 2:
+        a -= SYM_U
+    rest = x - c - a * SYM_U
+    if rest % SYM_V:
+        raise NotAffine
+    b = rest // SYM_V
+    if not -COEF_MAX < b < COEF_MAX:
+        raise NotAffine
+    return c, a, b
+
+
+def same_layout_symbolic(t: Tensor, p: Tensor) -> bool:
+    """same_layout for tensors of the symbolic build: whether it holds at every context.
+    NotAffine if it holds at some contexts only (a shape component that another matches
+    at one cell count)."""
+    if t.type != p.type:
+        return False
+    if t.ne == p.ne and t.nb == p.nb:
+        return True  # the same polynomials: equal at every context
+    for x, y in zip((*t.ne, *t.nb), (*p.ne, *p.nb), strict=True):
+        if x != y:
+            _, a, b = affine(x - y)
+            if a == 0 and b == 0:
+                return False  # a constant apart: different at every context
+    raise NotAffine
+
+
+def claim(t: Tensor, same: Callable[[Tensor, Tensor], bool]) -> bool | None:
+    """ggml_gallocr_allocate_node's first steps: None when `t` needs no memory of its own
+    (external, allocated already, or a view), True when it took over a dying parent's memory
+    in place (offset set), False when the caller must allocate it. The layout test `same`
+    runs last: the symbolic one raises where a context could change its answer."""
+    if t.external or t.allocated or t.view_src is not None:
+        return None
+    t.allocated = True
+    if t.op in INPLACE_OPS:
+        for p in t.src:
+            if (
+                p.allocated
+                and not p.is_output
+                and p.n_children == 1
+                and p.n_views == 0
+                and same(t, p)
+            ):
+                t.offset = p.offset
+                p.allocated = False
+                return True
+    return False
+
+
+class EventWalk:
+    """peak_bytes's walk without an arena: its allocations and frees in order, as slot
+    numbers (slot for an allocation, ~slot for a free), and per slot the tensor allocated
+    there (an in-place child takes over its parent's slot and frees it with its own size,
+    which the same layout makes the same). `same` decides same_layout."""
+
+    def __init__(self, g: Graph, same: Callable[[Tensor, Tensor], bool]) -> None:
+        self.same = same
+        self.events: list[int] = []
+        self.owners: list[Tensor] = []
+        for leaf in g.leafs:
+            self.allocate(leaf)
+        for node in g.nodes:
+            if node.view_src is not None:
+                node.view_src.n_views += 1
+            for s in node.src:
+                s.n_children += 1
+        for node in g.nodes:
+            for s in node.src:
+                self.allocate(s)
+            self.allocate(node)
+            for s in node.src:
+                self.release(s)
+
+    def allocate(self, t: Tensor) -> None:
+        """allocate, with the layout test last (the tests are free of side effects)."""
+        if claim(t, self.same) is not False:
+            return
+        t.offset = len(self.owners)
+        self.owners.append(t)
+        self.events.append(t.offset)
+
+    def release(self, parent: Tensor) -> None:
+        """release."""
+        parent.n_children -= 1
+        if parent.n_children != 0 or parent.n_views != 0:
+            return
+        if parent.view_src is not None:
+            root = parent.view_src
+            root.n_views -= 1
+            if root.n_views == 0 and root.n_children == 0 and root.allocated:
+                self.free(root)
+        elif parent.allocated:
+            self.free(parent)
+
+    def free(self, t: Tensor) -> None:
+        if not t.is_output:
+            self.events.append(~t.offset)
+            t.allocated = False
+
+
+@dataclass(frozen=True)
+class Program:
+    """One graph structure's walk: events (slot: allocate, ~slot: free) and per-slot padded
+    sizes, constant or (for `grows`: slot, c, a, b) c + a*u + b*v bytes before padding."""
+
+    events: tuple[int, ...]
+    sizes: tuple[int, ...]
+    grows: tuple[tuple[int, int, int, int], ...]
+    total: tuple[int, int, int]  # an upper bound of the padded sizes' sum, as c, a, b
+
+    def bound(self, u: int, v: int) -> int:
+        """Bytes the walk cannot exceed: no placement ends beyond all allocations together."""
+        c, a, b = self.total
+        return c + a * u + b * v
+
+    def peak(self, u: int, v: int) -> int:
+        sizes = list(self.sizes)
+        for slot, c, a, b in self.grows:
+            sizes[slot] = -(-(c + a * u + b * v) // CPU_ALIGNMENT) * CPU_ALIGNMENT
+        return run_best_fit(self.events, sizes)
+
+
+def run_best_fit(  # noqa: C901 - Arena inlined: the hot loop
+    events: Sequence[int], sizes: Sequence[int]
+) -> int:
+    """Arena over a compiled walk: its high-water mark. The same best fit and merging as
+    Arena.alloc and Arena.free, on two parallel lists of free blocks."""
+    offsets = [0] * len(sizes)
+    starts = [0]  # free blocks as Arena keeps them; at first one, unbounded
+    lens = [1 << 62]
+    top = 0
+    for e in events:
+        if e >= 0:  # allocate: best fit among all but the last block, else the last
+            size = sizes[e]
+            best = len(starts) - 1
+            if best:
+                best_len = 1 << 63
+                for i in range(best):
+                    n = lens[i]
+                    if size <= n <= best_len:
+                        best, best_len = i, n
+            addr = starts[best]
+            offsets[e] = addr
+            left = lens[best] - size
+            if left:
+                starts[best] = addr + size
+                lens[best] = left
+            else:
+                del starts[best]
+                del lens[best]
+            if addr + size > top:  # noqa: PLR1730 - max() costs a call per allocation
+                top = addr + size
+            continue
+        slot = ~e  # free: merge with the block that ends here or starts after, else insert
+        offset = offsets[slot]
+        size = sizes[slot]
+        end = offset + size
+        for i, start in enumerate(starts):
+            if start + lens[i] == offset:
+                lens[i] += size
+                if i + 1 < len(starts) and start + lens[i] == starts[i + 1]:
+                    lens[i] += lens[i + 1]
+                    del starts[i + 1]
+                    del lens[i + 1]
+                break
+            if end == start:
+                starts[i] = offset
+                lens[i] += size
+                if i > 0 and starts[i - 1] + lens[i - 1] == offset:
+                    lens[i - 1] += lens[i]
+                    del starts[i]
+                    del lens[i]
+                break
+        else:  # before the first block at or above it (a freed empty tensor can follow the end)
+            i = 0
+            while i < len(starts) and starts[i] < offset:
+                i += 1
+            starts.insert(i, offset)
+            lens.insert(i, size)
+    return top
+
+
+def compile_walk(real: Graph, sym: Graph, u: int, v: int) -> Program | None:
+    """Compile one graph structure's walk from its symbolic build `sym` (the cells as SYM_U
+    and SYM_V) and its build `real` at u and v cell units; None where a context could change
+    more than sizes."""
+    try:
+        walk = EventWalk(sym, same_layout_symbolic)
+        real_walk = EventWalk(real, same_layout)
+        if walk.events != real_walk.events:
+            raise NotAffine
+        sizes: list[int] = []
+        grows: list[tuple[int, int, int, int]] = []
+        total = [0, 0, 0]
+        for slot, (t, t_real) in enumerate(zip(walk.owners, real_walk.owners, strict=True)):
+            c, a, b = affine(nbytes(t))
+            if a < 0 or b < 0 or c + a * u + b * v != nbytes(t_real):
+                raise NotAffine
+            if a or b:
+                grows.append((slot, c, a, b))
+                sizes.append(0)
+                total[0] += c + CPU_ALIGNMENT - 1
+                total[1] += a
+                total[2] += b
+            else:
+                padded = -(-c // CPU_ALIGNMENT) * CPU_ALIGNMENT
+                sizes.append(padded)
+                total[0] += padded
+    except NotAffine:
+        return None
+    return Program(tuple(walk.events), tuple(sizes), tuple(grows), (total[0], total[1], total[2]))

@@ -1,0 +1,135 @@
+"""ggml's tensor constructors (ggml.c semantics: the shapes, strides and views each op
+makes) and ggml_build_forward_expand's node order."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from qmgui.core.ggml.tensor import Tensor
+
+
+class Graph:
+    """Tensor constructors (ggml.c semantics) and ggml_build_forward_expand's node order."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Tensor] = []
+        self.leafs: list[Tensor] = []
+        self.layer = -1  # the layer being built: stamped on weights and caches (core.sched)
+
+    # -- graph order ------------------------------------------------------------------------
+
+    def expand(self, t: Tensor) -> Tensor:
+        """ggml_visit_parents: depth-first over sources in order, each tensor once."""
+        if t.visited:
+            return t
+        t.visited = True
+        nodes, leafs = self.nodes, self.leafs
+        stack: list[tuple[Tensor, Iterator[Tensor]]] = [(t, iter(t.src))]
+        while stack:
+            cur, srcs = stack[-1]
+            for s in srcs:
+                if not s.visited:
+                    s.visited = True
+                    stack.append((s, iter(s.src)))
+                    break
+            else:
+                stack.pop()
+                (leafs if cur.op == "none" else nodes).append(cur)
+        return t
+
+    # -- leaves -----------------------------------------------------------------------------
+
+    def weight(self, *ne: int) -> Tensor:
+        t = Tensor("f16", ne, external=True)
+        t.layer = self.layer
+        t.is_weight = True
+        return t
+
+    def expert_weight(self, *ne: int) -> Tensor:
+        """An expert tensor (`--cpu-moe` / `--n-cpu-moe` keep these in host memory)."""
+        t = self.weight(*ne)
+        t.expert = True
+        return t
+
+    def cache(self, type_: str, *ne: int) -> Tensor:
+        t = Tensor(type_, ne, external=True)
+        t.layer = self.layer
+        return t
+
+    @staticmethod
+    def input(type_: str, *ne: int) -> Tensor:
+        """An input leaf: allocated before the first node, freed after its last reader (one
+        that nothing reads stays allocated for the whole graph)."""
+        return Tensor(type_, ne)
+
+    # -- views ------------------------------------------------------------------------------
+
+    @staticmethod
+    def view(a: Tensor, ne: Sequence[int], nb: Sequence[int] = ()) -> Tensor:
+        """ggml_view_Nd: `nb` are strides 1..3; missing ones follow contiguously."""
+        ne4 = (*ne, 1, 1, 1, 1)[:4]
+        full = [a.nb[0], 0, 0, 0]
+        for i in range(1, 4):
+            full[i] = nb[i - 1] if i - 1 < len(nb) else full[i - 1] * ne4[i - 1]
+        return Tensor(a.type, ne4, op="view", src=(a,), view_src=a, nb=full)
+
+    @staticmethod
+    def reshape(a: Tensor, *ne: int) -> Tensor:
+        return Tensor(a.type, ne, op="reshape", src=(a,), view_src=a)
+
+    @staticmethod
+    def permute(a: Tensor, *axes: int) -> Tensor:
+        ne = [0, 0, 0, 0]
+        nb = [0, 0, 0, 0]
+        for i, ax in enumerate(axes):
+            ne[ax] = a.ne[i]
+            nb[ax] = a.nb[i]
+        return Tensor(a.type, ne, op="permute", src=(a,), view_src=a, nb=nb)
+
+    @staticmethod
+    def transpose(a: Tensor) -> Tensor:
+        ne = (a.ne[1], a.ne[0], a.ne[2], a.ne[3])
+        nb = (a.nb[1], a.nb[0], a.nb[2], a.nb[3])
+        return Tensor(a.type, ne, op="transpose", src=(a,), view_src=a, nb=nb)
+
+    @staticmethod
+    def set_rows(dst: Tensor, rows: Tensor, idxs: Tensor) -> Tensor:
+        """ggml_set_rows: a view of the destination (the KV cache), sources rows, idxs, dst."""
+        return Tensor(
+            dst.type, dst.ne, op="set_rows", src=(rows, idxs, dst), view_src=dst, nb=dst.nb
+        )
+
+    @staticmethod
+    def cpy(a: Tensor, dst: Tensor) -> Tensor:
+        return Tensor(dst.type, dst.ne, op="cpy", src=(a, dst), view_src=dst, nb=dst.nb)
+
+    # -- computing ops ----------------------------------------------------------------------
+
+    @staticmethod
+    def op(
+        name: str, a: Tensor, *src: Tensor, ne: Sequence[int] | None = None, type_: str = ""
+    ) -> Tensor:
+        """A new contiguous result: `a`'s shape and type unless told (ggml_dup_tensor)."""
+        return Tensor(type_ or a.type, ne if ne is not None else a.ne, op=name, src=(a, *src))
+
+    def cont(self, a: Tensor, *ne: int) -> Tensor:
+        return self.op("cont", a, ne=ne or a.ne)
+
+    @staticmethod
+    def mul_mat(a: Tensor, b: Tensor) -> Tensor:
+        return Tensor("f32", (a.ne[1], b.ne[1], b.ne[2], b.ne[3]), op="mul_mat", src=(a, b))
+
+    @staticmethod
+    def mul_mat_id(a: Tensor, b: Tensor, ids: Tensor) -> Tensor:
+        return Tensor("f32", (a.ne[1], ids.ne[0], b.ne[2], 1), op="mul_mat_id", src=(a, b, ids))
+
+    @staticmethod
+    def get_rows(a: Tensor, b: Tensor) -> Tensor:
+        type_ = "i32" if a.type == "i32" else "f32"
+        return Tensor(type_, (a.ne[0], b.ne[0], b.ne[1], b.ne[2]), op="get_rows", src=(a, b))
+
+    @staticmethod
+    def concat(a: Tensor, b: Tensor, dim: int) -> Tensor:
+        ne = list(a.ne)
+        ne[dim] += b.ne[dim]
+        return Tensor(a.type, ne, op="concat", src=(a, b))

@@ -1,0 +1,128 @@
+"""A minimal ggml tensor: type, shape, strides, op, sources and view source as ggml-alloc
+sees them (ggml/src/ggml.c), and the byte sizes of ggml's types."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+# ggml type traits: bytes per block, elements per block (ggml/src/ggml.c type_traits)
+TYPE_TRAITS: dict[str, tuple[int, int]] = {
+    "f32": (4, 1),
+    "f16": (2, 1),
+    "bf16": (2, 1),
+    "i32": (4, 1),
+    "i64": (8, 1),
+    "i8": (1, 1),  # bytes: a copy of a weight in its file type (core.sched)
+    "q8_0": (34, 32),
+    "q4_0": (18, 32),
+    "q4_1": (20, 32),
+    "q5_0": (22, 32),
+    "q5_1": (24, 32),
+    "iq4_nl": (18, 32),
+}
+
+
+class Tensor:
+    """One ggml tensor as ggml-alloc sees it: shape, strides, op, sources, view source."""
+
+    __slots__ = (
+        "allocated",
+        "expert",
+        "external",
+        "is_output",
+        "is_weight",
+        "layer",
+        "n_children",
+        "n_views",
+        "nb",
+        "ne",
+        "offset",
+        "op",
+        "src",
+        "type",
+        "view_src",
+        "visited",
+    )
+
+    ne: tuple[int, ...]
+    nb: tuple[int, ...]
+
+    def __init__(
+        self,
+        type_: str,
+        ne: Sequence[int],
+        *,
+        op: str = "none",
+        src: Sequence[Tensor] = (),
+        view_src: Tensor | None = None,
+        nb: Sequence[int] | None = None,
+        external: bool = False,
+    ) -> None:
+        self.type = type_
+        ne4 = self.ne = (*ne, 1, 1, 1, 1)[:4]
+        if nb is None:  # contiguous_nb, inline: every op's result is built here
+            size, blck = TYPE_TRAITS[type_]
+            nb1 = size * (ne4[0] // blck)
+            nb2 = nb1 * ne4[1]
+            self.nb = (size, nb1, nb2, nb2 * ne4[2])
+        else:
+            self.nb = tuple(nb)
+        self.op = op
+        self.src = tuple(src)
+        # ggml_new_tensor_impl: a view of a view points at the root tensor
+        root = view_src
+        if view_src is not None and view_src.view_src is not None:
+            root = view_src.view_src
+        self.view_src: Tensor | None = root
+        self.external = external  # weights, KV cache, recurrent state: not in this buffer
+        # where an external tensor lives (core.sched places it): its layer (-1: the input
+        # layer, n_layer: the output layer) and whether it is an expert tensor
+        self.layer = -1
+        self.expert = False
+        self.is_weight = False
+        self.is_output = False
+        self.n_children = 0
+        self.n_views = 0
+        self.allocated = False
+        self.offset = 0
+        self.visited = False  # reached by Graph.expand
+
+    @property
+    def nelements(self) -> int:
+        n = 1
+        for x in self.ne:
+            n *= x
+        return n
+
+    def is_contiguous(self) -> bool:
+        return self.nb == contiguous_nb(self.type, self.ne)
+
+
+def contiguous_nb(type_: str, ne: Sequence[int]) -> tuple[int, int, int, int]:
+    size, blck = TYPE_TRAITS[type_]
+    nb0 = size
+    nb1 = size * (ne[0] // blck)
+    nb2 = nb1 * ne[1]
+    nb3 = nb2 * ne[2]
+    return (nb0, nb1, nb2, nb3)
+
+
+def nbytes(t: Tensor) -> int:
+    """ggml_nbytes: bytes spanned by the tensor's strides."""
+    if any(x <= 0 for x in t.ne):
+        return 0
+    size, blck = TYPE_TRAITS[t.type]
+    if blck == 1:
+        n = size
+        for i in range(4):
+            n += (t.ne[i] - 1) * t.nb[i]
+        return n
+    n = t.ne[0] * t.nb[0] // blck
+    for i in range(1, 4):
+        n += (t.ne[i] - 1) * t.nb[i]
+    return n
+
+
+def row_size(type_: str, n: int) -> int:
+    size, blck = TYPE_TRAITS[type_]
+    return size * n // blck

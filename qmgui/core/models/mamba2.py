@@ -1,0 +1,21 @@
+"""Mamba-2 (src/models/mamba.cpp)."""
+
+from __future__ import annotations
+
+from qmgui.core.graph.builder import Builder
+from qmgui.core.graph.ssm import mamba2_layer
+from qmgui.core.models.family import Family
+
+
+def graph_mamba2(b: Builder) -> None:
+    """src/models/mamba.cpp (Mamba-2): every layer a Mamba-2 mixer with a residual add."""
+    g = b.g
+    inp = b.inp_embd()
+    for il in b.each_layer():
+        cur = mamba2_layer(b, il, b.norm(inp))
+        cur, inp = b.last_rows(il, cur, inp)
+        inp = g.op("add", cur, inp)
+    b.output_head(inp)
+
+
+FAMILY = Family(graph_mamba2, verified=("mamba2",))
