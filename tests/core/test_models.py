@@ -1,0 +1,97 @@
+"""The architecture families (qmgui.core.models): adding an architecture is one module and
+its test. Every module there declares its FAMILY and is listed in models.FAMILIES, no
+architecture is served twice, and every architecture a family serves is checked here against
+what an engine allocated (tests/core/fixtures/compute): a verified architecture exactly, on
+the test engine's launches (launches.csv); a laid-out one or a close relative within the
+margin, on b11434's launches of test-llama-archs' models (archs_b11434.json,
+bounds_b11434.json). An architecture without a measured launch fails here."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pkgutil
+from collections import Counter
+from functools import cache
+
+import pytest
+
+from qmgui.core import models
+from qmgui.core.compute import compute_buffer_bytes
+from qmgui.core.gguf_header import header_from_data
+from qmgui.core.launch import resolve
+from qmgui.core.meta import ModelMeta, Pooling, meta_from_gguf
+from qmgui.core.models.family import Family
+from tests.core.test_bounds import SETTINGS
+from tests.core.test_compute import FIXTURES, MIB, OVER, PRINTED, _launches, _models, _resolved
+
+_SAMPLE = 6  # launches per verified architecture (test_compute checks every one)
+
+
+def _family_modules() -> list[str]:
+    return sorted(m.name for m in pkgutil.iter_modules(models.__path__) if m.name != "family")
+
+
+def _served() -> list[tuple[str, str, str]]:
+    """(module, architecture, how far it is checked) for everything the registry serves."""
+    out = []
+    for f in models.FAMILIES:
+        module = f.build.__module__.rsplit(".", 1)[1]
+        out += [(module, a, "verified") for a in f.verified]
+        out += [(module, a, "margin") for a in (*f.laid_out, *f.relatives)]
+    return out
+
+
+def test_every_family_module_is_registered() -> None:
+    names = _family_modules()
+    assert len(names) == len(models.FAMILIES)
+    for name in names:
+        module = importlib.import_module(f"qmgui.core.models.{name}")
+        family = getattr(module, "FAMILY", None)
+        assert isinstance(family, Family), f"{name} declares no FAMILY"
+        assert family in models.FAMILIES, f"{name} is not listed in models.FAMILIES"
+        assert family.build.__module__ == module.__name__, f"{name}'s graph lives elsewhere"
+        assert family.architectures, f"{name} serves no architecture"
+
+
+def test_no_architecture_is_served_twice() -> None:
+    counts = Counter(a for f in models.FAMILIES for a in f.architectures)
+    assert [a for a, n in counts.items() if n > 1] == []
+    assert set(counts) == set(models.VERIFIED) | set(models.LAID_OUT) | set(models.RELATIVES)
+
+
+@cache
+def _b11434_cases() -> dict[str, list[tuple[ModelMeta, str, float]]]:
+    """b11434's measured compute buffers of test-llama-archs' models, by architecture."""
+    by_arch: dict[str, list[tuple[ModelMeta, str, float]]] = {}
+    for name in ("archs_b11434.json", "bounds_b11434.json"):
+        data = json.loads((FIXTURES / name).read_text(encoding="utf-8"))
+        metas: dict[str, ModelMeta] = {}
+        for model, setting, measured in data["cases"]:
+            if model not in metas:
+                header = header_from_data(f"{model}.gguf", data["models"][model]["header"])
+                metas[model] = meta_from_gguf(header, file_name=model)
+            meta = metas[model]
+            by_arch.setdefault(meta.architecture, []).append((meta, setting, float(measured)))
+    return by_arch
+
+
+@pytest.mark.parametrize(("module", "arch", "check"), _served())
+def test_each_architecture_a_family_serves_is_measured(module: str, arch: str, check: str) -> None:
+    if check == "verified":
+        rows = [row for row in _launches() if _models()[row["model"]].architecture == arch]
+        assert rows, f"{module}: no launch of {arch} in fixtures/compute/launches.csv"
+        for row in rows[:: max(1, len(rows) // _SAMPLE)]:
+            meta = _models()[row["model"]]
+            predicted = compute_buffer_bytes(
+                meta, _resolved(row), embeddings=row["embedding"] == "1"
+            )
+            assert abs(predicted / MIB - float(row["compute_mib"])) <= PRINTED, (module, row)
+        return
+    cases = _b11434_cases().get(arch, [])
+    assert cases, f"{module}: no b11434 launch of {arch} in fixtures/compute"
+    for meta, setting, measured in cases:
+        embeddings = meta.pooling != Pooling.NONE or not meta.causal
+        r = resolve(meta, SETTINGS[setting])
+        got = compute_buffer_bytes(meta, r, embeddings=embeddings, mixed_batch=True) / MIB
+        assert measured - PRINTED <= got <= measured * OVER, (module, meta.name, setting)
