@@ -172,6 +172,33 @@ def test_without_a_gpu_models_are_placed_in_host_memory(
     assert code == 1 and "does not fit in host memory" in out
 
 
+def test_a_host_placement_charges_the_cpus_repacked_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Placed in host memory, a 4-bit model's weights the CPU backend repacks are charged as
+    `qmgui plan` charges them: exactly where this CPU's features are known."""
+    from dataclasses import replace as with_changes
+
+    import gguf
+
+    from qmgui.cli import place as place_cmd
+    from qmgui.hw.host import cpu_target
+
+    if cpu_target() is None or "AVX2" not in cpu_target().features:  # type: ignore[union-attr]
+        pytest.skip("this CPU's repacking of Q4_0 is what the test checks (x86 AVX2)")
+    spec = with_changes(PRESETS["llama"], weight_type=gguf.GGMLQuantizationType.Q4_0)
+    model = write_gguf(tmp_path / "q4.gguf", spec)
+    monkeypatch.setattr(place_cmd, "gpus_from", lambda args: ())
+    code, out, _ = run("place", f"{model}@c=1024,np=1", "--json")
+    assert code == 0, out
+    (row,) = json.loads(out)["models"]
+    (cpu,) = [d for d in row["devices_detail"] if d["name"] == "CPU"]
+    code, out, _ = run("plan", str(model), "-c", "1024", "-np", "1", "--json")
+    assert code == 0, out
+    planned = next(d for d in json.loads(out)["devices"] if d["name"] == "CPU")
+    assert cpu["repack"] == planned["repack"] > 0
+
+
 def test_place_sizes_by_the_backends_build(models: Path) -> None:
     """`--backend PATH`: the placement sizes with that build's rules (b11434 keeps an extra
     input branch in its compute graph: more bytes than the default rules)."""

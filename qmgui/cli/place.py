@@ -17,7 +17,13 @@ from functools import partial
 from typing import Any, TextIO
 
 from qmgui import notify
-from qmgui.cli.plan import add_reserve_flag, add_rpc_flag, gpus_from, local_machine
+from qmgui.cli.plan import (
+    add_reserve_flag,
+    add_rpc_flag,
+    cpu_target_from,
+    gpus_from,
+    local_machine,
+)
 from qmgui.cli.profiles import saved_override
 from qmgui.core.build_rules import rules_for
 from qmgui.core.devices import OS_RESERVE
@@ -547,6 +553,8 @@ def cmd_place(args: argparse.Namespace, out: TextIO) -> int:
         rules, rules_note = rules_for(_backend_build(args, entries))
         if rules_note:
             notify.info(rules_note, source=SOURCE)
+        # the CPU repacks weights by its features (this machine's, or --backend's probed ones)
+        rules = replace(rules, cpu=cpu_target_from(args, rules.build))
         # the build's rules (core.build_rules), each model with the projector loaded beside it
         sizing = with_projectors(partial(estimate, rules=rules), _projectors(requests, entries))
         p = place(requests, gpus, reserve=reserve, host_bytes=host, estimate=sizing)
