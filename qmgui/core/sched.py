@@ -623,10 +623,10 @@ def _run_walk(
                 _alloc(a, s, same)
         _alloc(a, t, same)
         for p in t.src:
-            release(p, arena)
+            _release(p, arena)
 
 
-def release(p: Tensor, arena: Callable[[Tensor], _ArenaLike]) -> None:
+def _release(p: Tensor, arena: Callable[[Tensor], _ArenaLike]) -> None:
     """A reader of `p` has run: free it (or what it views) after its last reader."""
     p.n_children -= 1
     if p.n_children or p.n_views or (p.view_src is not None and p.op == "none"):
@@ -720,7 +720,7 @@ def _peaks(
         graph_key = (*structure, shape)
         key = (*graph_key, offload)
         hit = _PROGRAMS.get(key)
-        prog: Program | None = None
+        prog: _Program | None = None
         if hit is not None and hit[0] is meta:
             prog = hit[1]
         elif layers != replay or _seen_before(meta, graph_key):
@@ -766,7 +766,7 @@ def _seen_before(meta: ModelMeta, graph_key: tuple[object, ...]) -> bool:
 
 
 @dataclass(frozen=True)
-class Program:
+class _Program:
     """One structure's walk over the split graph: per arena (GPU, host) its events (slot:
     allocate, ~slot: free), and per slot its padded size, constant or, for `grows` (slot, c,
     a, b, alignment), c + a*u + b*v bytes before padding."""
@@ -794,7 +794,7 @@ class Program:
 
 
 _PROGRAMS_KEPT = 256  # a full-size MoE stack: ~0.1 MB a program
-_PROGRAMS: dict[tuple[object, ...], tuple[ModelMeta, Program | None]] = {}
+_PROGRAMS: dict[tuple[object, ...], tuple[ModelMeta, _Program | None]] = {}
 # symbolic graphs, by structure and shape: one per structure serves every offload (a fit
 # search tries many), restored between walks; None where it cannot stand for every context
 _GRAPHS_KEPT = 8  # a full-size MoE stack: ~1.5 MB a graph
@@ -853,7 +853,7 @@ def _compile(
     embeddings: bool,
     graph_key: tuple[object, ...],
     shape: Shape,
-) -> Program | None:
+) -> _Program | None:
     """Compile one structure's walk (None where a context could change more than sizes)."""
     with _COMPILING:
         hit = _GRAPHS.get(graph_key)
@@ -885,7 +885,7 @@ def _compile(
 
 def _program(
     rec: Sequence[_Recorder], sizes: Sequence[int], arena_of: Sequence[int], aligns: Sequence[int]
-) -> Program:
+) -> _Program:
     fixed: list[int] = []
     grows: list[tuple[int, int, int, int, int]] = []
     totals = [[0, 0, 0], [0, 0, 0]]
@@ -906,7 +906,7 @@ def _program(
             fixed.append(padded)
             total[0] += padded
     g, h = totals
-    return Program(
+    return _Program(
         (tuple(rec[GPU].events), tuple(rec[HOST].events)),
         tuple(fixed),
         tuple(grows),
