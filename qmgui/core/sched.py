@@ -671,14 +671,14 @@ def _free(arena: _ArenaLike, t: Tensor) -> None:
 
 # --- the walk compiled once per structure -------------------------------------------------------
 #
-# As in core.compute ("the walk compiled once per graph structure"), a context changes no op,
+# As in core.ggml.compile (the walk compiled once per graph structure), a context changes no op,
 # source or view of the graphs, only the sizes of the tensors that span the KV cache, and
 # those linearly in u and v (cells of the full and the sliding-window cache, in units of
 # CELLS). Nothing the scheduler decides reads those sizes: where a node runs depends on
 # where its weights and caches are and on its batch (rows of tokens, not cells), the splits
 # and the copies on the backends alone, Vulkan's reordering on ops and sources. So each
 # structure (everything but the cells, plus the offload) is built once with u and v as
-# symbols (core.compute's SYM_U and SYM_V), walked once with arenas that record instead of
+# symbols (core.ggml.compile's SYM_U and SYM_V), walked once with arenas that record instead of
 # place, and each later context costs one best-fit pass per arena over the recorded events
 # and the sizes read back as c + a*u + b*v.
 #

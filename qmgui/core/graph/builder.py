@@ -29,7 +29,8 @@ class Builder:
         self._attn_inputs: dict[str, AttnInputs] = {}
         self.no_cache_mask: Tensor | None = None
         self._s_copy: tuple[Tensor, Tensor] | None = None
-        # build_inp_embd as of MIXED_BATCH_BUILD (set by _mixed_batch's wrapper of a family)
+        # build_inp_embd as of core.compute.MIXED_BATCH_BUILD (set by compute._mixed_batch's
+        # wrapper of a family)
         self.mixed_batch = False
         self.t_embd: Tensor | None = None  # the output head's input (res->t_embd)
 
