@@ -421,4 +421,5 @@ def pre_norm(b: Builder, x: Tensor, name: str) -> Tensor:
     return b.norm(x)
 
 
+# a family's graph function (core.models): lays its graph out on the builder
 Build = Callable[[Builder], None]
