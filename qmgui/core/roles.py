@@ -55,6 +55,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from qmgui.core.errors import QmguiError
+from qmgui.core.export import unique_name
 from qmgui.core.launch import CACHE_TYPES, LaunchSettings
 from qmgui.core.meta import ModelClass, ModelMeta, Pooling
 from qmgui.core.placement import (
@@ -385,15 +386,6 @@ def replica_count(spec: RoleSpec, n_gpus: int) -> int:
     return spec.replicas if spec.replicas is not None else max(1, n_gpus)
 
 
-def _unique(name: str, taken: set[str]) -> str:
-    candidate, n = name, 1
-    while candidate in taken:
-        n += 1
-        candidate = f"{name}-{n}"
-    taken.add(candidate)
-    return candidate
-
-
 def role_instances(
     launches: Sequence[tuple[RoleSpec, RoleLaunch]], n_gpus: int, taken: set[str] | None = None
 ) -> list[Instance]:
@@ -405,7 +397,7 @@ def role_instances(
         n = replica_count(spec, n_gpus)
         base = spec.name or spec.role.value
         for i in range(n):
-            name = _unique(base if n == 1 else f"{base}-{i + 1}", taken)
+            name = unique_name(base if n == 1 else f"{base}-{i + 1}", taken)
             out.append(Instance(name, spec, i, n, launch))
     return out
 

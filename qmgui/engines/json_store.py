@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from qmgui import notify
+from qmgui.atomic import replace_file
 from qmgui.keep_aside import move_aside
 
 LOCK_TIMEOUT_S = 10.0
@@ -86,16 +85,5 @@ class JsonStore:
 
     def _write(self, entries: Mapping[str, Any]) -> None:
         data = {"version": self._version, self._key: entries}
-        fd, tmp = tempfile.mkstemp(
-            dir=self.path.parent, prefix=f".{self.path.stem}-", suffix=".json"
-        )
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(data, f, indent=1, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        text = json.dumps(data, indent=1, sort_keys=True).encode("utf-8")
+        replace_file(self.path, text, prefix=f".{self.path.stem}-", suffix=".json")

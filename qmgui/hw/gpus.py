@@ -31,9 +31,9 @@ def local_gpus(*, nvml: Any = None, drm_root: str | None = None) -> list[LocalGp
     return gpus_from(read_nvml(nvml), amdgpu.read_amd_gpus(drm_root or amdgpu.DRM))
 
 
-def gpus_from(reading: NvmlReading, amd: Sequence[amdgpu.AmdGpu]) -> list[LocalGpu]:
-    """`local_gpus` from readings already taken (the window's live poll): NVIDIA first, in
-    NVML's order, then the AMD cards (integrated ones are host memory)."""
+def _nvlink_peers(reading: NvmlReading) -> Callable[[int], frozenset[int] | None]:
+    """GPU index -> the indexes NVLink joins it to, as NVML's P2P status says (None: not
+    known)."""
     pairs = reading.nvlink
 
     def peers(i: int) -> frozenset[int] | None:
@@ -41,6 +41,13 @@ def gpus_from(reading: NvmlReading, amd: Sequence[amdgpu.AmdGpu]) -> list[LocalG
             return None
         return frozenset(b if a == i else a for a, b in pairs if i in (a, b))
 
+    return peers
+
+
+def gpus_from(reading: NvmlReading, amd: Sequence[amdgpu.AmdGpu]) -> list[LocalGpu]:
+    """`local_gpus` from readings already taken (the window's live poll): NVIDIA first, in
+    NVML's order, then the AMD cards (integrated ones are host memory)."""
+    peers = _nvlink_peers(reading)
     out = [
         LocalGpu(r.index, r.name, r.total_bytes, r.free_bytes, "nvidia", peers(r.index))
         for r in reading.gpus
@@ -59,12 +66,7 @@ def host_gpus(
     through NVML (`reading`, when one was taken already), AMD through amdgpu sysfs. The
     engine's `--list-devices` says which of them it can use (`core.devices.merge`)."""
     reading = reading if reading is not None else read_nvml(nvml)
-    pairs = reading.nvlink
-
-    def peers(i: int) -> frozenset[int] | None:
-        if pairs is None:
-            return None
-        return frozenset(b if a == i else a for a, b in pairs if i in (a, b))
+    peers = _nvlink_peers(reading)
 
     out = [
         HostGpu(NVIDIA, r.name, r.total_bytes, r.free_bytes, r.index, nvlink_peers=peers(r.index))

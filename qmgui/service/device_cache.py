@@ -54,12 +54,12 @@ import json
 import math
 import os
 import stat
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from qmgui.atomic import replace_file
 from qmgui.core.devices import VISIBILITY_VARS, VULKAN_VISIBILITY, HostGpu, merge
 from qmgui.core.errors import QmguiError
 from qmgui.core.probe import MAX_DEVICES, EngineDevice, parse_devices
@@ -416,14 +416,4 @@ class DeviceCache:
             if len(text) <= MAX_FILE_BYTES or not live:
                 break
             live.pop()  # the oldest goes first
-        fd, tmp = tempfile.mkstemp(prefix=".devices-", suffix=".tmp", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        replace_file(self.path, text, prefix=".devices-")
