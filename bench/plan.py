@@ -81,7 +81,7 @@ CACHES = {
     compute: ("_PROGRAMS", "_BYTES_CACHE"),
     dims: ("_REPLAY_CACHE",),
     sched: ("_PROGRAMS", "_GRAPHS", "_SEEN", "_CACHE", "_SIZES"),
-    footprint: ("_TABLES",),
+    footprint: ("_TABLES", "_PLACED"),
 }
 
 

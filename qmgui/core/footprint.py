@@ -337,6 +337,25 @@ def _kept(meta: ModelMeta, repacked: frozenset[str]) -> Sequence[_Placed]:
     return [p for t, p in zip(meta.tensors, table, strict=True) if t.name not in repacked]
 
 
+# weight placement per model and placement (not the context): a context slider or a context
+# search asks for the same placement again and again. Keyed as _TABLES (the model by id, its
+# entry checked by identity), bounded, and filled whole or not at all (threads only race to
+# compute the same value)
+_PLACED: dict[tuple[object, ...], tuple[ModelMeta, object]] = {}
+_PLACED_KEPT = 256  # a fit search over offloads asks ~n_layer placements of one model
+
+
+def _placed_get(key: tuple[object, ...], meta: ModelMeta) -> object | None:
+    hit = _PLACED.get(key)
+    return hit[1] if hit is not None and hit[0] is meta else None
+
+
+def _placed_put(key: tuple[object, ...], meta: ModelMeta, value: object) -> None:
+    if len(_PLACED) >= _PLACED_KEPT:
+        _PLACED.clear()
+    _PLACED[key] = (meta, value)
+
+
 def _weights(
     meta: ModelMeta,
     layer_dev: Sequence[str],
@@ -347,6 +366,30 @@ def _weights(
     """Weight bytes per device. CPU tensors of a memory-mapped file count as the file span
     they cover (llama.cpp maps [first tensor, last tensor end) of each file); `repacked` CPU
     tensors live in an extra buffer instead and leave the span (their own buffer's context)."""
+    key = (
+        "weights",
+        id(meta),
+        tuple(layer_dev),
+        s.cpu_moe,
+        s.n_cpu_moe,
+        s.mmap,
+        tuple(sorted(backends.items())),
+        repacked,
+    )
+    hit = _placed_get(key, meta)
+    if not isinstance(hit, dict):
+        hit = _place_weights(meta, layer_dev, s, backends, repacked)
+        _placed_put(key, meta, hit)
+    return dict(hit)  # a copy: the kept one is never handed out
+
+
+def _place_weights(
+    meta: ModelMeta,
+    layer_dev: Sequence[str],
+    s: LaunchSettings,
+    backends: dict[str, str],
+    repacked: frozenset[str],
+) -> dict[str, int]:
     per: dict[str, int] = {}
     cpu_spans: dict[int, list[int]] = {}
     out_dev = layer_dev[meta.n_layer]
@@ -738,6 +781,15 @@ _SHOWN_FEATURES = ("AVX2", "AVX512", "AVX512_VNNI", "AMX_INT8", "NEON", "DOTPROD
 def _repack_bound(meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings) -> int:
     """Bytes of the CPU-resident weights a repacking CPU backend may copy: every layer and
     output tensor (token embeddings are gathered, not multiplied), each padded."""
+    key = ("repack_bound", id(meta), tuple(layer_dev), s.cpu_moe, s.n_cpu_moe)
+    hit = _placed_get(key, meta)
+    if not isinstance(hit, int):
+        hit = _bound_repack(meta, layer_dev, s)
+        _placed_put(key, meta, hit)
+    return hit
+
+
+def _bound_repack(meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings) -> int:
     out_dev = layer_dev[meta.n_layer]
     total = 0
     for t in _table(meta):
