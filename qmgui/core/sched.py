@@ -960,38 +960,45 @@ def _same_graph(sym: Graph, real: Graph, u: int, v: int) -> bool:
     if len(sym.leafs) != len(real.leafs) or len(sym.nodes) != len(real.nodes):
         return False
     xs, ys = sym.leafs + sym.nodes, real.leafs + real.nodes
-    ix = {id(t): i for i, t in enumerate(xs)}
-    iy = {id(t): i for i, t in enumerate(ys)}
+    # each of sym's tensors to real's at the same place: a source or view matches when it is
+    # its counterpart (a graph holds each tensor once)
+    twin = {id(x): y for x, y in zip(xs, ys, strict=True)}
+    get = twin.get
     for x, y in zip(xs, ys, strict=True):
-        if (x.op, x.type, x.external, x.is_weight, x.is_output, x.layer, x.expert) != (
-            y.op,
-            y.type,
-            y.external,
-            y.is_weight,
-            y.is_output,
-            y.layer,
-            y.expert,
+        if (
+            x.op != y.op
+            or x.type != y.type
+            or x.external != y.external
+            or x.is_weight != y.is_weight
+            or x.is_output != y.is_output
+            or x.layer != y.layer
+            or x.expert != y.expert
         ):
             return False
-        if len(x.src) != len(y.src) or any(
-            ix.get(id(a), -1) != iy.get(id(b), -2) for a, b in zip(x.src, y.src, strict=True)
-        ):
+        x_src, y_src = x.src, y.src
+        if len(x_src) != len(y_src):
             return False
-        if (x.view_src is None) != (y.view_src is None) or (
-            x.view_src is not None
-            and y.view_src is not None
-            and ix.get(id(x.view_src), -1) != iy.get(id(y.view_src), -2)
-        ):
+        for a, b in zip(x_src, y_src, strict=True):
+            if get(id(a)) is not b:
+                return False
+        xv, yv = x.view_src, y.view_src
+        if (xv is None) != (yv is None) or (xv is not None and get(id(xv)) is not yv):
             return False
-        for xv, yv, grows in ((x.ne, y.ne, True), (x.nb, y.nb, False)):
-            if xv == yv:
-                continue
-            for p, q in zip(xv, yv, strict=True):
-                if p == q:
-                    continue
-                c, a, b = affine(p)
-                if c + a * u + b * v != q:
-                    return False
-                if grows and (a < 0 or b < 0 or c + a + b < 1):
-                    return False
+        if not (x.ne == y.ne or _evaluates(x.ne, y.ne, u, v, grows=True)):
+            return False
+        if not (x.nb == y.nb or _evaluates(x.nb, y.nb, u, v, grows=False)):
+            return False
+    return True
+
+
+def _evaluates(sym: Sequence[int], real: Sequence[int], u: int, v: int, *, grows: bool) -> bool:
+    """Whether the symbolic values `sym` are `real` at u, v (growing ones: never below 1)."""
+    for p, q in zip(sym, real, strict=True):
+        if p == q:
+            continue
+        c, a, b = affine(p)
+        if c + a * u + b * v != q:
+            return False
+        if grows and (a < 0 or b < 0 or c + a + b < 1):
+            return False
     return True
