@@ -16,6 +16,7 @@ from qmgui.core.errors import SizingError
 from qmgui.core.footprint import CPU, DeviceFootprint, EngineRules, Footprint, Gpu, estimate
 from qmgui.core.launch import CTX_PAD, LaunchSettings
 from qmgui.core.meta import ModelMeta
+from qmgui.core.sched import searching
 from qmgui.core.units import MIB, format_bytes
 
 # Per-GPU headroom left unplanned. The backend's context is in the plan now (each card's
@@ -219,7 +220,16 @@ def max_context(
     allocator), so the search runs in two steps: a binary search on the cheap part plus the
     compute buffers measured once at the top of the range, then full estimates that walk from
     that candidate to the exact answer (compute buffers change little from one 256-cell step
-    to the next, so this takes a few full estimates instead of one per bisection step)."""
+    to the next, so this takes a few full estimates instead of one per bisection step).
+    Every estimate of the search shares its graph structures, so the scheduler compiles
+    them at their first ask (core.sched.searching)."""
+    with searching():
+        return _max_context(meta, settings, budget, mmproj)
+
+
+def _max_context(
+    meta: ModelMeta, settings: LaunchSettings, budget: Budget, mmproj: ModelMeta | None
+) -> FitResult:
     trained = meta.context_length or 4096
     top = max(trained // CTX_PAD, 1)
 

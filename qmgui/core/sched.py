@@ -40,10 +40,12 @@ built for every context, the reference the compiled one must equal (and the fall
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -754,7 +756,10 @@ def _seen_before(meta: ModelMeta, graph_key: tuple[object, ...]) -> bool:
     model), is walked plainly, and compiled when it is asked again (a slider moved, the next
     step of a fit search). Graphs built whole (anything in host memory) are compiled at once:
     a fit search over -ngl or --n-cpu-moe asks one graph with many offloads, and they share
-    its symbolic build."""
+    its symbolic build. Within `searching()` (a context search, which asks again) every
+    structure is compiled at its first ask."""
+    if _SEARCHING.get():
+        return True
     for cache in (_GRAPHS, _SEEN):
         hit = cache.get(graph_key)
         if hit is not None and hit[0] is meta:
@@ -763,6 +768,22 @@ def _seen_before(meta: ModelMeta, graph_key: tuple[object, ...]) -> bool:
         _SEEN.clear()
     _SEEN[graph_key] = (meta, None)
     return False
+
+
+# set while a search that asks each structure again runs (core.fit.max_context: the top
+# context, then its steps): its first ask compiles at once rather than walk plainly first.
+# Per thread (a ContextVar): a worker's search leaves the others' asks as they are
+_SEARCHING: ContextVar[bool] = ContextVar("sched_searching", default=False)
+
+
+@contextlib.contextmanager
+def searching() -> Iterator[None]:
+    """Within: every structure is compiled at its first ask (see _seen_before)."""
+    token = _SEARCHING.set(True)
+    try:
+        yield
+    finally:
+        _SEARCHING.reset(token)
 
 
 @dataclass(frozen=True)
