@@ -43,11 +43,13 @@ SizingError, and the plan charges an upper bound instead (core.bounds.compute_bo
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+import threading
+from dataclasses import fields, replace
 
 from qmgui.core.errors import SizingError
 from qmgui.core.ggml.alloc import peak_bytes
 from qmgui.core.ggml.compile import CELLS, SYM_U, SYM_V, Program, compile_walk
+from qmgui.core.ggml.graph import Graph
 from qmgui.core.graph.builder import Build, Builder
 from qmgui.core.graph.dims import CACHE_KEPT, Dims, Shape, dims, replay_layers, swa_cells
 from qmgui.core.launch import Resolved
@@ -253,7 +255,7 @@ def _reserve_bytes(meta: ModelMeta, r: Resolved, build: Build, embeddings: bool)
         else:
             if d is None:
                 d = dims(meta, r, embeddings)
-            prog = _program(build, d, shape)
+            prog = _program(meta, build, d, shape)
             if len(_PROGRAMS) >= 16 * CACHE_KEPT:
                 _PROGRAMS.clear()
             _PROGRAMS[key] = (meta, prog)
@@ -279,14 +281,66 @@ def _reserve_bytes_plain(meta: ModelMeta, r: Resolved, build: Build, embeddings:
     return peak
 
 
-def _program(build: Build, d: Dims, shape: Shape) -> Program | None:
+def _program(meta: ModelMeta, build: Build, d: Dims, shape: Shape) -> Program | None:
     """Compile one graph's walk (None where a context could change more than sizes)."""
     u, v = d.n_kv // CELLS, d.n_kv_swa // CELLS
-    real = Builder(d, shape)
-    build(real)
-    sym = Builder(replace(d, n_kv=CELLS * SYM_U, n_kv_swa=CELLS * SYM_V), shape)
-    build(sym)
-    return compile_walk(real.g, sym.g, u, v)
+    with GRAPHS_LOCK:
+        real = built(meta, build, d, shape)
+        sym = built(meta, build, replace(d, n_kv=CELLS * SYM_U, n_kv_swa=CELLS * SYM_V), shape)
+        real.restore()
+        sym.restore()
+        return compile_walk(real.g, sym.g, u, v)
+
+
+class KeptGraph:
+    """A built graph kept for more walks, and what a walk changes in it, to restore."""
+
+    def __init__(self, g: Graph) -> None:
+        self.g = g
+        self.srcs = tuple(t.src for t in g.nodes)
+
+    def restore(self) -> None:
+        """The graph as built: no counters, nothing placed, the sources it was built with."""
+        for t in self.g.leafs:
+            t.n_children = t.n_views = t.offset = 0
+            t.allocated = False
+        for t, src in zip(self.g.nodes, self.srcs, strict=True):
+            t.src = src
+            t.n_children = t.n_views = t.offset = 0
+            t.allocated = False
+
+
+# The graphs of a launch's replayed layers, at its context and with the cells as symbols:
+# core.compute compiles the CPU's walk over them and core.sched, with every layer on the GPU,
+# walks or compiles the scheduler's over the same ones, so a model's first estimate builds
+# each once. Walks change them (counters, placements, core.sched's copies as sources): a
+# walk holds GRAPHS_LOCK and restores the graph first.
+_BUILT: dict[tuple[object, ...], tuple[ModelMeta, KeptGraph]] = {}
+_BUILT_KEPT = 8  # two structures of two shapes, real and symbolic: one launch's graphs
+GRAPHS_LOCK = threading.Lock()
+_DIMS_HASHED = tuple(f.name for f in fields(Dims) if f.name != "shapes")  # shapes: a dict
+
+
+def built(meta: ModelMeta, build: Build, d: Dims, shape: Shape) -> KeptGraph:
+    """`build`'s graph over `d` and `shape`, built once (see _BUILT). Call with GRAPHS_LOCK
+    held, and restore() before walking it."""
+    key = (
+        id(meta),
+        build,
+        shape,
+        tuple(sorted(d.shapes.items())),
+        *(getattr(d, name) for name in _DIMS_HASHED),
+    )
+    hit = _BUILT.get(key)
+    if hit is not None and hit[0] is meta:
+        return hit[1]
+    b = Builder(d, shape)
+    build(b)
+    kept = KeptGraph(b.g)
+    if len(_BUILT) >= _BUILT_KEPT:
+        _BUILT.clear()
+    _BUILT[key] = (meta, kept)
+    return kept
 
 
 _PROGRAMS: dict[tuple[object, ...], tuple[ModelMeta, Program | None]] = {}

@@ -43,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import math
 import re
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
@@ -51,9 +50,12 @@ from typing import Protocol
 
 from qmgui.core.compute import (
     GRAPH_FAULTS,
+    GRAPHS_LOCK,
+    KeptGraph,
     _is_embedding,
     _layout,
     _reserve_shapes,
+    built,
     check_graph_size,
     graph_fault,
 )
@@ -741,13 +743,26 @@ def _peaks(
         if prog is None:
             if d is None:
                 d = replace(dims(meta, r, embeddings), layers=layers)
-            b = Builder(d, shape)
-            build(b)
-            g_peak, h_peak = _walk(b.g, offload, _host_weight_sizes(meta), meta.n_layer)
+            g_peak, h_peak = _walk_plain(meta, build, d, shape, offload)
         else:
             g_peak, h_peak = prog.peaks(u, v, gpu, host)
         gpu, host = max(gpu, g_peak), max(host, h_peak)
     return gpu, host
+
+
+def _walk_plain(
+    meta: ModelMeta, build: Build, d: Dims, shape: Shape, offload: Offload
+) -> tuple[int, int]:
+    """_walk over the graph built at d: core.compute's (kept) for the replayed layers."""
+    sizes = _host_weight_sizes(meta)
+    if d.layers != replay_layers(meta):
+        b = Builder(d, shape)
+        build(b)
+        return _walk(b.g, offload, sizes, meta.n_layer)
+    with GRAPHS_LOCK:
+        graph = built(meta, build, d, shape)
+        graph.restore()
+        return _walk(graph.g, offload, sizes, meta.n_layer)
 
 
 def _seen_before(meta: ModelMeta, graph_key: tuple[object, ...]) -> bool:
@@ -819,27 +834,11 @@ _PROGRAMS: dict[tuple[object, ...], tuple[ModelMeta, _Program | None]] = {}
 # symbolic graphs, by structure and shape: one per structure serves every offload (a fit
 # search tries many), restored between walks; None where it cannot stand for every context
 _GRAPHS_KEPT = 8  # a full-size MoE stack: ~1.5 MB a graph
-_GRAPHS: dict[tuple[object, ...], tuple[ModelMeta, _SymGraph | None]] = {}
+_GRAPHS: dict[tuple[object, ...], tuple[ModelMeta, KeptGraph | None]] = {}
 _SEEN: dict[tuple[object, ...], tuple[ModelMeta, None]] = {}  # structures walked plainly once
-# a symbolic graph is walked in place (sources rewired, counters set): one compile at a time
-_COMPILING = threading.Lock()
-
-
-class _SymGraph:
-    """A graph built with u and v as symbols, and what a walk changes in it, to restore."""
-
-    def __init__(self, g: Graph) -> None:
-        self.g = g
-        self.srcs = tuple(t.src for t in g.nodes)
-
-    def restore(self) -> None:
-        for t in self.g.leafs:
-            t.n_children = t.n_views = t.offset = 0
-            t.allocated = False
-        for t, src in zip(self.g.nodes, self.srcs, strict=True):
-            t.src = src
-            t.n_children = t.n_views = t.offset = 0
-            t.allocated = False
+# a symbolic graph is walked in place (sources rewired, counters set), and the replayed
+# layers' graphs are core.compute's too (compute.built): one walk at a time
+_COMPILING = GRAPHS_LOCK
 
 
 class _Recorder:
@@ -892,6 +891,7 @@ def _compile(
         sizes: list[int] = []
         arena_of: list[int] = []
         rec = (_Recorder(GPU, sizes, arena_of), _Recorder(HOST, sizes, arena_of))
+        graph.restore()  # core.compute may have walked it since
         try:
             sizes_of = _host_weight_sizes(meta)
             _run_walk(
@@ -943,15 +943,22 @@ def _sym_graph(
     embeddings: bool,
     layers: tuple[int, ...],
     shape: Shape,
-) -> _SymGraph | None:
+) -> KeptGraph | None:
     """The graph built with the cells as symbols, if it stands for every context: it must be
     the graph built at this context (shapes and strides evaluated), and the scheduler must
-    not compare anything that grows with the cells."""
+    not compare anything that grows with the cells. Called with GRAPHS_LOCK held; the
+    replayed layers' graphs are core.compute's (compute.built)."""
     d = replace(dims(meta, r, embeddings), layers=layers)
-    sym = Builder(replace(d, n_kv=CELLS * SYM_U, n_kv_swa=CELLS * SYM_V), shape)
-    build(sym)
-    real = Builder(d, shape)
-    build(real)
+    d_sym = replace(d, n_kv=CELLS * SYM_U, n_kv_swa=CELLS * SYM_V)
+    if layers == replay_layers(meta):
+        sym, real = built(meta, build, d_sym, shape), built(meta, build, d, shape)
+        sym.restore()
+        real.restore()
+    else:
+        b_sym, b_real = Builder(d_sym, shape), Builder(d, shape)
+        build(b_sym)
+        build(b_real)
+        sym, real = KeptGraph(b_sym.g), KeptGraph(b_real.g)
     try:
         if not _same_graph(sym.g, real.g, d.n_kv // CELLS, d.n_kv_swa // CELLS):
             return None
@@ -966,7 +973,7 @@ def _sym_graph(
             and not _small(_batch(t))
         ):
             return None  # _pass1's offload_op test
-    return _SymGraph(sym.g)
+    return sym
 
 
 def _small(x: int) -> bool:
