@@ -142,8 +142,11 @@ class Resolver:
         choice = registry.resolve_backend(entry, backends, pin=ov.backend_id if ov else None)
         if choice.backend is None:
             cls = entry.model_class.value if entry.model_class else None
-            if cls is not None and entry.meta is not None and not entry.error and not any(
-                b.serves(cls) and not b.registry_only for b in backends
+            if (
+                cls is not None
+                and entry.meta is not None
+                and not entry.error
+                and not any(b.serves(cls) and not b.registry_only for b in backends)
             ):
                 # no entry for this class: its usual engine, as with an empty registry
                 # (reference 001: the engine found the old way stays the fallback)

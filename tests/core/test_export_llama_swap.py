@@ -164,7 +164,9 @@ def swap_models(models: Path) -> list[SwapModel]:
     split_plan = plan_vllm(split.meta, gpu_total_bytes=None, budget_bytes=None, is_split_gguf=True)
     assert moe.meta is not None
     moe_plan = plan_vllm(  # tool calling turned off: no tools advertised, and the reason said
-        moe.meta, gpu_total_bytes=24 * GIB, budget_bytes=22 * GIB,
+        moe.meta,
+        gpu_total_bytes=24 * GIB,
+        budget_bytes=22 * GIB,
         pins=VllmPins(tool_call_parser="none"),
     )
     return [
