@@ -19,7 +19,7 @@ bounds (`qmgui.core.bounds`), each listed in `Footprint.bounds`: never a silent 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from qmgui.core.bounds import Bound, compute_bound, compute_bound_why, projector_compute_bound
@@ -700,11 +700,13 @@ HOST_BUFFER_BACKENDS = frozenset({"cuda", "rocm", "hip", "vulkan", "sycl", "cann
 TIED_OUTPUT = "output.weight (token_embd.weight, tied)"
 
 
-def cpu_weights(meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings) -> list[Weight]:
-    """The weights llama.cpp's loader offers the CPU's buffer types, with the op each is used
-    by; a tied output (no output.weight) adds the token embedding's duplicate as a matmul."""
+def _on_cpu(
+    meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings
+) -> Iterator[tuple[TensorEntry, _Placed]]:
+    """The weights that stay in host memory (a layer on the CPU, its experts on the CPU with
+    --cpu-moe/--n-cpu-moe, the output on the CPU), token embeddings left out (gathered, not
+    multiplied)."""
     out_dev = layer_dev[meta.n_layer]
-    out: list[Weight] = []
     for t, p in zip(meta.tensors, _table(meta), strict=True):
         if p.role == _INPUT:
             continue
@@ -715,8 +717,17 @@ def cpu_weights(meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings) ->
         else:
             dev = layer_dev[p.layer]
         if dev == CPU:
-            out.append(Weight(t.name, t.dtype, t.shape, t.nbytes, weight_op(t.name, t.shape)))
-    if meta.tied_embeddings and out_dev == CPU:
+            yield t, p
+
+
+def cpu_weights(meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings) -> list[Weight]:
+    """The weights llama.cpp's loader offers the CPU's buffer types, with the op each is used
+    by; a tied output (no output.weight) adds the token embedding's duplicate as a matmul."""
+    out = [
+        Weight(t.name, t.dtype, t.shape, t.nbytes, weight_op(t.name, t.shape))
+        for t, _ in _on_cpu(meta, layer_dev, s)
+    ]
+    if meta.tied_embeddings and layer_dev[meta.n_layer] == CPU:
         embd = next((t for t in meta.tensors if t.name == "token_embd.weight"), None)
         if embd is not None:
             # created again under the output layer (TENSOR_DUPLICATED), tried with MUL_MAT
@@ -790,21 +801,8 @@ def _repack_bound(meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings) 
 
 
 def _bound_repack(meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings) -> int:
-    out_dev = layer_dev[meta.n_layer]
-    total = 0
-    for t in _table(meta):
-        if t.role == _INPUT:
-            continue
-        if t.role == _OUTPUT:
-            dev = out_dev
-        elif t.expert and (s.cpu_moe or t.layer < s.n_cpu_moe):
-            dev = CPU
-        else:
-            dev = layer_dev[t.layer]
-        if dev == CPU:
-            # each copy is aligned in its buffer: 256 bytes a tensor bounds the padding
-            total += pad(t.nbytes, REPACK_ALIGNMENT)
-    return total
+    # each copy is aligned in its buffer: 256 bytes a tensor bounds the padding
+    return sum(pad(p.nbytes, REPACK_ALIGNMENT) for _, p in _on_cpu(meta, layer_dev, s))
 
 
 def _compute(
