@@ -87,6 +87,22 @@ def test_plan_json_imports_no_other_commands_dependencies(plan_modules: list[str
     assert _among(plan_modules, OTHER_COMMANDS) == []
 
 
+def test_a_first_plan_for_this_machine_loads_no_settings_layer(tmp_path: Path) -> None:
+    """`qmgui plan MODEL --json` for this machine (no --gpu) on a first start: no settings
+    file means no registry, so neither the settings loader (pydantic) nor the engines, the
+    device cache or the backend registry is imported to find the build to ask."""
+    model = write_gguf(str(tmp_path / "m.gguf"), PRESETS["llama"])
+    code = (
+        f"import os; os.environ['QMGUI_CONFIG_DIR'] = {str(tmp_path / 'config')!r}; "
+        f"os.environ['QMGUI_CACHE_DIR'] = {str(tmp_path / 'cache')!r}\n"
+        + PLAN_CHECK.replace('"--gpu", "24G", ', "")
+    )
+    assert '"--gpu"' not in code
+    loaded = _loaded(code, str(model))
+    later = ("qmgui.service.device_cache", "qmgui.core.backends", "qmgui.service.launch")
+    assert _among(loaded, (*OTHER_COMMANDS, *later)) == []
+
+
 def test_plan_of_a_local_file_imports_no_network_code(plan_modules: list[str]) -> None:
     """`qmgui plan URL` reads headers over HTTP (qmgui.remote); a local plan loads none of it."""
     assert _among(plan_modules, NETWORK) == []

@@ -28,9 +28,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from qmgui.core.footprint import Gpu
-from qmgui.core.probe import EngineDevice
+
+if TYPE_CHECKING:
+    from qmgui.core.probe import EngineDevice
 
 __all__ = [
     "AMD",

@@ -31,12 +31,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from qmgui.core.devices import HostGpu, Machine, merge, unseen_warning
-from qmgui.core.probe import ARG_LIST_DEVICES, EngineDevice, ProbeResult, parse_devices
 from qmgui.hw.gpus import host_gpus
 from qmgui.hw.nvml import NvmlReading
 
 if TYPE_CHECKING:
     from qmgui.core import backends as registry
+    from qmgui.core.probe import EngineDevice, ProbeResult
     from qmgui.engines.probe import Runner
     from qmgui.service.device_cache import DeviceCache
 
@@ -71,6 +71,8 @@ def stored_listing(capabilities: Mapping[str, object]) -> tuple[EngineDevice, ..
     settings file got wrong are skipped."""
     if capabilities.get("devices_listed") is not True:
         return None
+    from qmgui.core.probe import parse_devices  # noqa: PLC0415 - a probed build only
+
     raw = capabilities.get("devices")
     out: list[EngineDevice] = []
     for item in raw if isinstance(raw, list) else []:
@@ -124,11 +126,11 @@ def registered_engine(backend_arg: str | None = None) -> DeviceEngine | None:
     file never seen, changed, or holding anything unexpected goes through the full loader,
     which says what is wrong with it as before. The registry read with json names only
     executables the settings file itself names."""
-    from qmgui.service import device_cache  # noqa: PLC0415 - only when a build is asked
-
     data = _settings_bytes()
     if data == b"":  # no settings file: no registry (a first start), nothing to load
-        return device_engine([], backend_arg)
+        return device_engine([], backend_arg) if backend_arg else None
+    from qmgui.service import device_cache  # noqa: PLC0415 - only when a build is asked
+
     store = device_cache.DeviceCache()
     digest = None if data is None else _settings_digest(data)
     if data is not None and digest is not None and store.is_clean(digest):
@@ -226,6 +228,7 @@ def _light_backend(raw: object) -> registry.Backend:
 def _ask(
     executable: str, runner: Runner | None, timeout_s: float
 ) -> tuple[tuple[EngineDevice, ...] | None, str | None]:
+    from qmgui.core.probe import ARG_LIST_DEVICES  # noqa: PLC0415 - a registered build only
     from qmgui.engines.probe import probe  # noqa: PLC0415 - only when a build is registered
 
     result = probe(
@@ -288,6 +291,8 @@ def read_machine(
     else:  # commands for another machine, maybe: what the build listed when registered
         listed, why = engine.stored, None
     if listed is None:
+        from qmgui.core.probe import ARG_LIST_DEVICES  # noqa: PLC0415 - a registered build only
+
         said_why = why if kept_for is None else f"{why}; {kept_for}"
         notes: tuple[str, ...] = () if why is None else (
             f"could not read {exe} {ARG_LIST_DEVICES} ({said_why}); planning for the GPUs the "
