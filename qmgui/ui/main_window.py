@@ -1076,13 +1076,14 @@ class MainWindow(QMainWindow):
     # --- hardware ---------------------------------------------------------------------------
     def set_hardware(self, choice: str) -> None:
         """Plan for "This machine" or a what-if profile (a toolbar label or `lookup` text)."""
-        try:
-            hw = hardware.resolve(choice, host_bytes=self._host.host_bytes)
-        except ValueError as e:
-            notify.error(str(e), source=SOURCE)
-            return
         if choice.strip().lower() == hardware.THIS_MACHINE.lower():
-            hw = self._host
+            hw = self._host  # read once (and again when the live poll sees a card come or go)
+        else:
+            try:
+                hw = hardware.resolve(choice, host_bytes=self._host.host_bytes)
+            except ValueError as e:
+                notify.error(str(e), source=SOURCE)
+                return
         self._hardware = hw
         self.plan_panel.set_gpus([g.name for g in hw.gpus])
         if self.hardware_box.currentText() != hw.label:
