@@ -167,13 +167,33 @@ def sched_compute_bytes(
 
 
 def _layers(meta: ModelMeta, offload: Offload) -> tuple[int, ...]:
-    """The layers the graph is built with. With anything in host memory, a copy lives from
-    the first split that reads it to its last reader: which layers those are depends on the
-    whole stack, so it is built whole (replay_layers' shortcut holds for one allocator, not
-    for copies across backends)."""
-    if offload.host_layers or offload.host_experts or offload.host_caches:
-        return tuple(range(meta.n_layer))
-    return replay_layers(meta)
+    """The layers the graph is built with: replay_layers' shortcut, per run of layers kept
+    in the same place. With anything in host memory the stack splits into runs (the first
+    N layers' weights, experts or caches on the host, the rest on the GPU); each run is
+    replayed as replay_layers replays the whole stack (its first layers up to two periods
+    past the irregular head) plus its own last layer, whose output crosses to the next run
+    (a copy that lives until its last reader). The last layer of the stack is kept as ever.
+    Against the whole stack built and walked, this matched on every offload boundary of
+    the fixtures' models and the full-size presets (tests/core/test_sched_compiled.py:
+    test_offload_runs_replay_as_the_whole_stack); it turns a first fit search's dozen
+    whole-stack compiles (one per -ngl / --n-cpu-moe candidate) into compiles of ~8 layers."""
+    base = replay_layers(meta)
+    if not (offload.host_layers or offload.host_experts or offload.host_caches):
+        return base
+    n = meta.n_layer
+    if len(base) >= n:
+        return base
+    prefix = base[-2] + 1  # replay_layers keeps range(prefix) and the last layer
+    hl, he, hc = offload.host_layers, offload.host_experts, offload.host_caches
+    place = [(il in hl, il in he, il in hc) for il in range(n)]
+    keep = set(base)
+    start = 0
+    for il in range(1, n + 1):
+        if il == n or place[il] != place[start]:
+            keep.update(range(start, min(il, start + prefix)))
+            keep.add(il - 1)
+            start = il
+    return tuple(sorted(keep))
 
 
 def _peaks_plain(

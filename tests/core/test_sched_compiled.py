@@ -144,6 +144,89 @@ def test_compiled_walk_equals_the_plain_one_on_tiny_models(
     assert _check_model(meta, _TINY_CELLS, grid, ("vulkan", "cuda")) > 50
 
 
+def _boundaries(meta: ModelMeta) -> list[sched.Offload]:
+    """Offloads that split the stack into runs: the first k layers (weights and caches, or
+    experts) in host memory, k at the head, in the middle and next to the last layer."""
+    n = meta.n_layer
+    out = []
+    for k in sorted({1, 2, 3, n // 3, n // 2, n - 2, n - 1}):
+        if 0 < k < n:
+            head = frozenset(range(k))
+            out.append(sched.Offload("cuda", host_layers=head, host_caches=head))
+            out.append(sched.Offload("vulkan", host_layers=head, host_caches=head))
+            if meta.is_moe:
+                out.append(sched.Offload("cuda", host_experts=head))
+    return out
+
+
+def _runs_replay_as_the_whole_stack(meta: ModelMeta, monkeypatch: pytest.MonkeyPatch) -> int:
+    build, _ = _layout(meta)
+    embd = _is_embedding(meta)
+    compressed = sched._layers
+
+    def whole(m: ModelMeta, offload: sched.Offload) -> tuple[int, ...]:
+        return tuple(range(m.n_layer))
+
+    checked = 0
+    for s in (
+        LaunchSettings(ctx_size=4096),
+        LaunchSettings(ctx_size=8192, parallel=1, flash_attn="off", ubatch_size=256),
+    ):
+        try:
+            r = resolve(meta, s, embeddings=embd)
+        except SizingError:
+            continue
+        for offload in _boundaries(meta):
+            monkeypatch.setattr(sched, "_layers", whole)
+            full = sched._peaks_plain(meta, r, offload, build, embd)
+            monkeypatch.setattr(sched, "_layers", compressed)
+            assert sched._peaks_plain(meta, r, offload, build, embd) == full, (meta.name, offload)
+            checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("key", sorted(PRESETS))
+def test_offload_runs_replay_as_the_whole_stack(
+    metas: dict[str, ModelMeta], key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sched._layers replays each run of layers kept in one place (host or GPU) as
+    replay_layers replays the stack, plus the run's last layer: the same peaks, GPU and host,
+    as the whole stack built and walked, at every offload boundary."""
+    meta = metas[key]
+    try:
+        _layout(meta)
+    except SizingError:
+        pytest.skip("no compute layout")
+    if meta.n_layer < 4:
+        pytest.skip("too few layers to compress")
+    assert _runs_replay_as_the_whole_stack(meta, monkeypatch) > 0
+
+
+def _fixture_stacks() -> list[str]:
+    """The measured fixtures' models deep enough to compress (fixtures/compute/models.json:
+    the deeper presets, irregular stacks such as LFM2's included)."""
+    from tests.core.test_compute import _models
+
+    return sorted(k for k, m in _models().items() if 6 <= m.n_layer <= 16)
+
+
+@pytest.mark.parametrize("key", _fixture_stacks())
+def test_offload_runs_of_the_measured_models_replay_as_the_whole_stack(
+    key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.core.test_compute import _models
+
+    assert _runs_replay_as_the_whole_stack(_models()[key], monkeypatch) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", sorted(FULL_SIZE_PRESETS))
+def test_offload_runs_replay_as_the_whole_stack_on_full_size_headers(
+    metas: dict[str, ModelMeta], key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert _runs_replay_as_the_whole_stack(metas[key], monkeypatch) > 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("key", sorted(FULL_SIZE_PRESETS))
 @pytest.mark.usefixtures("fresh")
