@@ -970,20 +970,25 @@ def _sym_graph(
     replayed layers' graphs are core.compute's (compute.built)."""
     d = replace(dims(meta, r, embeddings), layers=layers)
     d_sym = replace(d, n_kv=CELLS * SYM_U, n_kv_swa=CELLS * SYM_V)
-    if layers == replay_layers(meta):
+    base = replay_layers(meta)
+    if layers == base:
         sym, real = built(meta, build, d_sym, shape), built(meta, build, d, shape)
         sym.restore()
         real.restore()
-    else:
-        b_sym, b_real = Builder(d_sym, shape), Builder(d, shape)
-        build(b_sym)
-        build(b_real)
-        sym, real = KeptGraph(b_sym.g), KeptGraph(b_real.g)
-    try:
-        if not _same_graph(sym.g, real.g, d.n_kv // CELLS, d.n_kv_swa // CELLS):
+        try:
+            if not _same_graph(sym.g, real.g, d.n_kv // CELLS, d.n_kv_swa // CELLS):
+                return None
+        except NotAffine:
             return None
-    except NotAffine:
-        return None
+    else:
+        # an offload's layers (_layers) are runs of the base's layers: each of them is built
+        # as a layer of the same signature in the base graph is, so the base graph standing
+        # for every context (checked once, on graphs core.compute keeps) stands for this one
+        if _sym_graph(meta, r, build, embeddings=embeddings, layers=base, shape=shape) is None:
+            return None
+        b_sym = Builder(d_sym, shape)
+        build(b_sym)
+        sym = KeptGraph(b_sym.g)
     for t in sym.g.nodes:
         if t.op == "ssm_scan" and not _small(t.src[0].ne[0]):
             return None  # _supported's test
