@@ -1,7 +1,8 @@
 """Every architecture a llama.cpp build knows: qmgui's prediction against what the build
 allocates, over the models its own `test-llama-archs` writes (issue 17, item 3).
 
-    .venv/bin/python bench/archs.py [--binary LLAMA_SERVER] [--archs-exe TEST_LLAMA_ARCHS]
+    .venv/bin/python bench/archs.py [--build 10435|11434] [--binary LLAMA_SERVER]
+                                    [--archs-exe TEST_LLAMA_ARCHS]
                                     [--models DIR] [--only NAME ...] [--jobs N]
                                     [--out-md docs/accuracy-archs-b11434.md]
 
@@ -14,7 +15,8 @@ weight repacking left on, as users run it), and its logged buffers compared with
 (a graph without a layout: core.bounds), at or above the measurement (`bound`). Every model and
 setting gets one row: the verdicts, or why there is none (qmgui cannot read it, the build
 refuses it, no prediction).
-The defaults are b11434 from the engine cache (`scripts/build-llama 11434 --all`).
+The defaults are b11434 from the engine cache (`scripts/build-llama 11434 --all`); `--build
+10435` takes the test engine's build (`scripts/build-llama 10435`, test-llama-archs included).
 """
 
 from __future__ import annotations
@@ -54,6 +56,14 @@ SETTINGS = (
     setting("np=4 c=4096 fa=off", c=4096, np=4, fa="off", repack=True),
     setting("q8_0 cache fa=on ub=128", ctk="q8_0", ctv="q8_0", fa="on", ub=128, repack=True),
 )
+
+
+def build_dir(build: int) -> Path:
+    """The engine cache's folder of one build: with llama-bench (--all) where there is one."""
+    for name in (f"llama-b{build}-cpu-all", f"llama-b{build}-cpu"):
+        if (CACHE / name / "test-llama-archs").is_file():
+            return CACHE / name
+    return CACHE / f"llama-b{build}-cpu"
 
 
 def read_meta(path: Path) -> tuple[ModelMeta | None, str]:
@@ -175,17 +185,24 @@ def render(rows: Sequence[dict[str, Any]], *, binary: str, version: str | None, 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--binary", default=str(BUILD_DIR / "llama-server"))
-    ap.add_argument("--archs-exe", default=str(BUILD_DIR / "test-llama-archs"))
+    ap.add_argument("--build", type=int, default=None,
+                    help="take llama-server and test-llama-archs of this build from the engine "
+                    "cache (scripts/build-llama N): 10435 or 11434")  # fmt: skip
+    ap.add_argument("--binary", default=None)
+    ap.add_argument("--archs-exe", default=None)
     ap.add_argument("--models", type=Path, help="use these GGUFs instead of writing them")
     ap.add_argument("--only", action="append", help="a model's file stem (repeatable)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--out-md", type=Path, default=None)
     a = ap.parse_args(argv)
+    folder_of_build = build_dir(a.build) if a.build else BUILD_DIR
+    a.binary = a.binary or str(folder_of_build / "llama-server")
+    a.archs_exe = a.archs_exe or str(folder_of_build / "test-llama-archs")
     for exe in (a.binary, *(() if a.models else (a.archs_exe,))):
         if not os.access(exe, os.X_OK):
-            sys.exit(f"{exe} not found: run scripts/build-llama 11434 --all, or give its path")
+            build_no = a.build or 11434
+            sys.exit(f"{exe} not found: run scripts/build-llama {build_no}, or give its path")
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="qmgui-archs-") as tmp:
         folder = a.models or Path(tmp)

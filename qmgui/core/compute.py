@@ -72,9 +72,8 @@ _BYTES_CACHE: dict[tuple[object, ...], tuple[ModelMeta, int]] = {}
 
 
 # Architectures the generic layout is known to fall short on: no layout, so the plan charges
-# a bound (core.bounds). deepseek4: the generic layout gave 17.10 MiB where b11434 allocated
-# 48.85 (docs/accuracy-archs-b11434.md).
-_NO_LAYOUT = {"deepseek4": "compressed sparse attention with a lightning indexer"}
+# a bound (core.bounds). (deepseek4, once here, has its own layout: models/deepseek4.py.)
+_NO_LAYOUT: dict[str, str] = {}
 
 
 # Run on gemma2, gemma3 and gpt-oss (which have layouts of their own), the generic layout

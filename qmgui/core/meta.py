@@ -12,6 +12,7 @@ the key lookup and limits are in core/hparams, and re-exported here where others
 from __future__ import annotations
 
 import enum
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -158,6 +159,10 @@ class ModelMeta:
     indexer_dim: int = 0
     indexer_v_dim: int = 0
     indexer_layers: tuple[bool, ...] = ()
+    # attention.indexer.top_k: the cache cells the indexer keeps per query (0: absent)
+    indexer_top_k: int = 0
+    # attention.indexer.block_size: MiniMax-M3 MSA's positions per selectable block (0: absent)
+    indexer_block_size: int = 0
     # qwen4exp's PLE n-gram convolution history: floats per sequence, kept in the recurrent
     # state of the layers flagged here (llama_hparams::ple_conv_state, is_ple)
     ple_conv_floats: int = 0
@@ -168,6 +173,23 @@ class ModelMeta:
     recurrent_layers: tuple[bool, ...] = ()  # per layer: True where the layer keeps a state
     shortconv_l_cache: int | None = None  # LFM2 short-convolution cache length
     shared_kv_layers: int = 0  # Gemma 3n: trailing layers that reuse earlier KV
+    # build_moe_ffn's routing where the GGUF states it: expert_gating_func (1 softmax,
+    # 2 sigmoid; 0 absent), expert_weights_norm, expert_weights_scale; and the per-layer
+    # SwiGLU limits of the routed and shared experts (swiglu_clamp_exp/_shexp, 0: none)
+    expert_gating: int = 0
+    expert_weights_norm: bool = False
+    expert_weights_scale: float = 0.0
+    swiglu_clamp_exp: tuple[float, ...] = ()
+    swiglu_clamp_shexp: tuple[float, ...] = ()
+    # the k-pool indexer (glm5-next): attention.indexer.kpool tokens per pool (0: none) and
+    # kpool_select_tail (the incomplete last pool is always attended; llama.cpp's default)
+    indexer_kpool: int = 0
+    indexer_kpool_tail: bool = True
+    # rope.dimension_sections (M-RoPE; llama_hparams::use_mrope: the first two above zero)
+    rope_sections: tuple[int, ...] = ()
+    # attention.compress_ratios as the GGUF gives it, any architecture (qwen4exp: the QSA
+    # layers, nonzero, and their k-pool size); compress_ratios above is DeepSeek-V4's only
+    compress_ratios_raw: tuple[int, ...] = ()
     pooling: Pooling = Pooling.NONE
     causal: bool = True
     tied_embeddings: bool = False
@@ -176,6 +198,12 @@ class ModelMeta:
     non_layer_bytes: int = 0  # embeddings, output, norms
     dtypes: Mapping[str, int] = field(default_factory=dict)  # dtype label -> bytes
     warnings: tuple[str, ...] = ()  # things a user should know (old MLA GGUF, unknown arch)
+    # rope.scaling.finetuned: Granite's switch for RoPE (granite-hybrid.cpp ropes Q and K only
+    # where it is true; llama.cpp defaults it to true when the key is absent)
+    rope_finetuned: bool = True
+    # attn_res.block_size: Kimi K3's cross-layer residual attention banks the layer input
+    # every this many layers (models/kimi-k3.cpp res_push; 0: no residual attention)
+    attn_res_block_size: int = 0
 
     @property
     def is_moe(self) -> bool:
@@ -393,6 +421,32 @@ def _check_unknown(md: Mapping[str, MetaValue], n_tensors: int) -> None:
     )
 
 
+def _float(v: object) -> float:
+    """A float key's value (0.0 where absent or not a finite number)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return 0.0
+    f = float(v)
+    return f if math.isfinite(f) else 0.0
+
+
+def _ints(v: object) -> tuple[int, ...]:
+    """An int array key's values (non-ints read as 0); empty where absent."""
+    if isinstance(v, tuple):
+        return tuple(x if isinstance(x, int) and not isinstance(x, bool) else 0 for x in v[:16])
+    return ()
+
+
+def _floats_per_layer(v: object, n_layer: int) -> tuple[float, ...]:
+    """A float per layer from a scalar or an array key (get_key_or_arr; a short array leaves
+    zeros); empty where absent."""
+    if v is None:
+        return ()
+    if isinstance(v, tuple):
+        vals = tuple(_float(x) for x in v[:n_layer])
+        return vals + (0.0,) * (n_layer - len(vals))
+    return (_float(v),) * n_layer
+
+
 def meta_from_gguf(
     header: GGUFHeader,
     *,
@@ -510,12 +564,30 @@ def _meta_from_gguf(
         indexer_dim=index[0],
         indexer_v_dim=index[1],
         indexer_layers=index[2],
+        indexer_top_k=k.get_int("attention.indexer.top_k", 0, hi=MAX_CONTEXT, unit="tokens") or 0,
+        indexer_block_size=k.get_int(
+            "attention.indexer.block_size", 0, hi=MAX_CONTEXT, unit="tokens"
+        )
+        or 0,
         ple_conv_floats=ple[0],
         ple_layers=ple[1],
         compress_ratios=compress_ratios(k, arch, n_layer),
         recurrent_layers=recurrent,
         shortconv_l_cache=k.get_int("shortconv.l_cache", hi=MAX_SMALL, unit="tokens"),
         shared_kv_layers=count("attention.shared_kv_layers", MAX_LAYERS, "layers"),
+        expert_gating=count("expert_gating_func", MAX_SMALL, "kind"),
+        expert_weights_norm=k.raw("expert_weights_norm") is True,
+        expert_weights_scale=_float(k.raw("expert_weights_scale")),
+        swiglu_clamp_exp=_floats_per_layer(k.raw("swiglu_clamp_exp"), n_layer),
+        swiglu_clamp_shexp=_floats_per_layer(k.raw("swiglu_clamp_shexp"), n_layer),
+        indexer_kpool=k.get_int("attention.indexer.kpool", 0, hi=MAX_CONTEXT, unit="tokens") or 0,
+        indexer_kpool_tail=k.raw("attention.indexer.kpool_select_tail") is not False,
+        rope_sections=_ints(k.raw("rope.dimension_sections")),
+        compress_ratios_raw=(
+            k.per_layer("attention.compress_ratios", n_layer, hi=MAX_CONTEXT, unit="tokens")
+            if k.raw("attention.compress_ratios") is not None
+            else ()
+        ),
         pooling=pooling,
         causal=causal,
         tied_embeddings=arch not in EMBEDDING_ARCHS
@@ -531,6 +603,8 @@ def _meta_from_gguf(
         non_layer_bytes=other,
         dtypes=dtypes,
         warnings=tuple(warnings),
+        rope_finetuned=k.raw("rope.scaling.finetuned") is not False,
+        attn_res_block_size=count("attn_res.block_size", MAX_LAYERS, "layers"),
     )
     check_relations(meta, lambda f: k.name(_GGUF_KEYS.get(f, f)))
     return meta

@@ -69,6 +69,19 @@ def _embeddings(meta: ModelMeta) -> bool:
     return meta.pooling != Pooling.NONE or not meta.causal
 
 
+@pytest.fixture
+def unlaid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """deepseek4 as it was before it had a layout (models/deepseek4.py): an architecture
+    without one, which the plan charges its bound. The fixture's models all have layouts now;
+    this keeps a real one to charge (compute's caches emptied, so nothing laid out leaks in)."""
+    from qmgui.core import compute
+
+    monkeypatch.delitem(compute.LAID_OUT, "deepseek4")
+    monkeypatch.setitem(compute._NO_LAYOUT, "deepseek4", "treated as unlaid by the test")
+    for name in ("_BYTES_CACHE", "_PROGRAMS", "_BUILT"):
+        monkeypatch.setattr(compute, name, {})
+
+
 def _has_layout(meta: ModelMeta, setting: str) -> bool:
     r = resolve(meta, SETTINGS[setting])
     try:
@@ -78,17 +91,17 @@ def _has_layout(meta: ModelMeta, setting: str) -> bool:
     return True
 
 
-def test_the_fixture_covers_every_kind_of_graph() -> None:
+def test_the_fixture_covers_every_kind_of_graph(unlaid: None) -> None:
     cases = _cases()
     models = {m for m, _, _ in cases}
     assert len(cases) >= 890 and len(models) >= 120
     assert {s for _, s, _ in cases} == set(SETTINGS)
     unlaid = {m for m in models if not _has_layout(_meta(m), "default")}
-    # recurrent, latent-attention, encoder and diffusion graphs, and deepseek4's compressed
+    # recurrent, latent-attention and encoder graphs, and deepseek4's compressed
     # attention, which the generic layout put at a third of its measured buffer
-    for m in ("mamba-dense", "jamba-dense", "dream-dense", "minicpm3-dense", "deepseek4-moe"):
+    for m in ("deepseek4-moe",):
         assert m in unlaid
-    assert len(unlaid) >= 20
+    assert len(unlaid) >= 1
 
 
 @pytest.mark.parametrize(("model", "setting", "measured"), _cases())
@@ -102,7 +115,7 @@ def test_the_compute_bound_is_never_below_the_measured_buffer(
     assert bound >= measured + PRINTED, f"{model} {setting}: bound {bound:.2f} < {measured}"
 
 
-def test_the_compute_bound_is_not_absurd() -> None:
+def test_the_compute_bound_is_not_absurd(unlaid: None) -> None:
     """Within a small multiple of the buffer where there is no layout (a bound of many times
     the buffer would refuse launches that fit): at most 10x (deepseek4 with flash attention
     at 64k cells, whose buffer grows by less than one f32 per cell and token where the other
@@ -114,15 +127,16 @@ def test_the_compute_bound_is_not_absurd() -> None:
             continue
         r = resolve(meta, SETTINGS[setting])
         ratios.append(compute_bound(meta, r, embeddings=_embeddings(meta)) / MIB / measured)
-    assert len(ratios) >= 150
+    assert len(ratios) >= 7
     ratios.sort()
     assert ratios[0] >= 1.2
     assert ratios[-1] <= 10.0
-    assert ratios[len(ratios) // 2] <= 4.0
+    # deepseek4 alone is left unlaid: its median bound is 4.8x
+    assert ratios[len(ratios) // 2] <= 5.0
 
 
-def test_a_graph_without_a_layout_is_charged_its_bound_not_zero() -> None:
-    meta = _meta("mamba-dense")
+def test_a_graph_without_a_layout_is_charged_its_bound_not_zero(unlaid: None) -> None:
+    meta = _meta("deepseek4-moe")
     s = SETTINGS["default"]
     with pytest.raises(SizingError):
         compute_buffer_bytes(meta, resolve(meta, s), mixed_batch=True)
@@ -140,7 +154,7 @@ def test_a_graph_without_a_layout_is_charged_its_bound_not_zero() -> None:
     }
 
 
-def test_each_gpu_that_runs_an_unlaid_graph_is_charged_the_bound() -> None:
+def test_each_gpu_that_runs_an_unlaid_graph_is_charged_the_bound(unlaid: None) -> None:
     meta = _meta("deepseek4-moe")
     gpus = (Gpu("GPU0", 80 * GIB), Gpu("GPU1", 80 * GIB))
     fp = estimate(meta, SETTINGS["default"], gpus)
@@ -162,8 +176,8 @@ def test_a_laid_out_graph_has_no_bound() -> None:
     assert check(meta, SETTINGS["default"], Budget(host_bytes=GIB)).verdict == "fits"
 
 
-def test_the_verdict_says_fits_bound_when_a_checked_device_holds_a_bound() -> None:
-    meta = _meta("falcon-h1-dense")
+def test_the_verdict_says_fits_bound_when_a_checked_device_holds_a_bound(unlaid: None) -> None:
+    meta = _meta("deepseek4-moe")
     s = SETTINGS["default"]
     fp = estimate(meta, s)
     resident = fp.host.total - fp.host.weights

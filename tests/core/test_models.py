@@ -12,14 +12,16 @@ import importlib
 import json
 import pkgutil
 from collections import Counter
+from dataclasses import replace
 from functools import cache
 
 import pytest
 
 from qmgui.core import models
-from qmgui.core.compute import compute_buffer_bytes
+from qmgui.core.compute import MIXED_BATCH_BUILD, compute_buffer_bytes
+from qmgui.core.errors import SizingError
 from qmgui.core.gguf_header import header_from_data
-from qmgui.core.launch import resolve
+from qmgui.core.launch import LaunchSettings, resolve
 from qmgui.core.meta import ModelMeta, Pooling, meta_from_gguf
 from qmgui.core.models.family import Family
 from tests.core.test_bounds import SETTINGS
@@ -95,3 +97,80 @@ def test_each_architecture_a_family_serves_is_measured(module: str, arch: str, c
         r = resolve(meta, SETTINGS[setting])
         got = compute_buffer_bytes(meta, r, embeddings=embeddings, mixed_batch=True) / MIB
         assert measured - PRINTED <= got <= measured * OVER, (module, meta.name, setting)
+
+
+# Launches of a build whose compute buffer qmgui does not predict within the band, each with
+# its reason (issue 17: at least 95% of the launches in [measured, measured x 1.05]).
+_KNOWN_MISSES: dict[int, dict[tuple[str, str], str]] = {10435: {}, 11434: {}}
+
+
+@cache
+def _build_cases(build: int) -> list[tuple[str, ModelMeta, str, float]]:
+    """bench/compute_bounds.py's measurements of one build (fixtures/compute/bounds_bN.json):
+    every model that build's test-llama-archs writes, at the seven settings of test_bounds."""
+    data = json.loads((FIXTURES / f"bounds_b{build}.json").read_text(encoding="utf-8"))
+    metas: dict[str, ModelMeta] = {}
+    out = []
+    for model, setting, measured in data["cases"]:
+        if model not in metas:
+            header = header_from_data(f"{model}.gguf", data["models"][model]["header"])
+            metas[model] = meta_from_gguf(header, file_name=model)
+        out.append((model, metas[model], setting, float(measured)))
+    return out
+
+
+@pytest.mark.parametrize("build", sorted(_KNOWN_MISSES))
+def test_every_architecture_of_a_build_is_predicted_within_the_band(build: int) -> None:
+    """Each build's own test models (b10435: the test engine's llama.cpp, b11434: the newer
+    one), at every setting measured: the compute buffer predicted by that build's rules lies
+    in [measured, measured x 1.05]: no architecture is charged a bound, and only the listed
+    launches miss, for the reason given."""
+    misses: dict[tuple[str, str], str] = {}
+    cases = _build_cases(build)
+    for model, meta, setting, measured in cases:
+        embeddings = meta.pooling != Pooling.NONE or not meta.causal
+        r = resolve(meta, SETTINGS[setting])
+        try:
+            got = compute_buffer_bytes(
+                meta, r, embeddings=embeddings, mixed_batch=build >= MIXED_BATCH_BUILD
+            )
+        except SizingError as e:
+            misses[(model, setting)] = f"bound: {e}"
+            continue
+        if not measured - PRINTED <= got / MIB <= measured * OVER:
+            misses[(model, setting)] = f"{got / MIB:.2f} vs {measured:.2f} MiB"
+    assert set(misses) == set(_KNOWN_MISSES[build]), misses
+    assert len(cases) > 700
+    assert len(misses) <= 0.05 * len(cases)
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        "deepseek32-moe",
+        "glm-dsa-moe",
+        "dots3note-moe",
+        "hy_v4-moe",
+        "glm5-next-moe",
+        "deepseek4-moe",
+    ],
+)
+def test_a_walk_compiled_above_the_indexer_selection_is_not_replayed_below_it(
+    model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sparse attention keeps min(cells, indexer top-k) cells a query: not affine in the
+    cells, so a walk compiled at a context above the selection must not be replayed at one
+    below it (nor the reverse): each context gives what building and walking its own graph
+    gives, whatever context came first."""
+    from qmgui.core import compute
+
+    meta = next(m for name, m, _, _ in _build_cases(11434) if name == model)
+    meta = replace(meta, indexer_top_k=2048)
+    build, _ = compute._layout(meta, mixed_batch=True)
+    for order in ((8192, 1024, 3072), (1024, 8192, 3072)):
+        for name in ("_PROGRAMS", "_BUILT"):
+            monkeypatch.setattr(compute, name, {})
+        for ctx in order:
+            r = resolve(meta, LaunchSettings(ctx_size=ctx, parallel=1))
+            plain = compute._reserve_bytes_plain(meta, r, build, False)
+            assert compute._reserve_bytes(meta, r, build, False) == plain, (order, ctx)

@@ -33,9 +33,12 @@ def build_qkv(b: Builder, il: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return q, k, v
 
 
-def attn_no_cache(b: Builder, il: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+def attn_no_cache(
+    b: Builder, il: int, q: Tensor, k: Tensor, v: Tensor, *, wo_bias: bool | None = None
+) -> Tensor:
     """build_attn without a KV cache (encoders): attend over the ubatch itself, with a
-    [n_tokens, n_tokens] mask; flash attention first casts K and V to f16."""
+    [n_tokens, n_tokens] mask; flash attention first casts K and V to f16. `wo_bias`: whether
+    wo has a bias (None: where the GGUF has one)."""
     d, g = b.d, b.g
     n_tok = q.ne[2]
     if b.no_cache_mask is None:
@@ -43,4 +46,6 @@ def attn_no_cache(b: Builder, il: int, q: Tensor, k: Tensor, v: Tensor) -> Tenso
     for t in (q, k, v):
         g.expand(t)
     cur = b.attn_mha(q, k, v, b.no_cache_mask)
-    return b.linear(cur, d.n_embd, bias=d.has(f"blk.{il}.attn_output.bias"))
+    if wo_bias is None:
+        wo_bias = d.has(f"blk.{il}.attn_output.bias")
+    return b.linear(cur, d.n_embd, bias=wo_bias)

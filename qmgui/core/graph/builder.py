@@ -33,6 +33,9 @@ class Builder:
         # wrapper of a family)
         self.mixed_batch = False
         self.t_embd: Tensor | None = None  # the output head's input (res->t_embd)
+        # recurrent state slots build_rs reads (0: one per sequence of the ubatch); a family
+        # that reserves its prompt graph with fewer sequences than slots sets it
+        self.rs_slots = 0
 
     def each_layer(self) -> Iterator[int]:
         """The replayed layers in order; weights and caches built meanwhile are stamped with
@@ -77,9 +80,11 @@ class Builder:
                 embd = g.op("scale", embd)
         return embd
 
-    def inp_pos(self) -> Tensor:
+    def inp_pos(self, per_token: int = 1) -> Tensor:
+        """build_inp_pos: `per_token` positions per token (4 under M-RoPE / IMRoPE:
+        llama_hparams::n_pos_per_embd); the first call sizes the input."""
         if self._pos is None:
-            self._pos = self.g.input("i32", self.n_tokens)
+            self._pos = self.g.input("i32", self.n_tokens * per_token)
         return self._pos
 
     def out_ids(self) -> Tensor:
@@ -192,7 +197,8 @@ class Builder:
         that reads them itself), the other slots copied back; all but the gather are views."""
         g = self.g
         n_seqs = self.s.n_seqs
-        n_rs = max(1, n_seqs)  # recurrent memory holds one state per slot (n_rs_seq = 0)
+        # recurrent memory holds one state per slot (n_rs_seq = 0)
+        n_rs = self.rs_slots or max(1, n_seqs)
         if self._s_copy is None:  # build_rs_inp: one index input and its two views
             s_copy = g.input("i32", n_rs)
             self._s_copy = (g.view(s_copy, (n_seqs,)), g.view(s_copy, (n_rs - n_seqs,)))
@@ -217,7 +223,7 @@ class Builder:
         (s_copy_tail), allocated after the scan and freed by the copy."""
         g = self.g
         n_seqs = self.s.n_seqs
-        n_rs = max(1, n_seqs)
+        n_rs = self.rs_slots or max(1, n_seqs)
         assert self._s_copy is not None
         main = self._s_copy[0]
         s_copy = main.view_src
@@ -256,9 +262,11 @@ class Builder:
         softcap: bool = False,
         wo_bias: bool = False,
         wo: bool = True,
+        mask: Tensor | None = None,
     ) -> Tensor:
         """build_attn with a KV cache: rotate, store K and V, attend over the whole cache
-        (the sliding-window cache for SWA layers), project with wo."""
+        (the sliding-window cache for SWA layers), project with wo. `mask`: a KQ mask the
+        model built in place of the cache's (qwen4exp's sparse selection, same shape)."""
         g, d = self.g, self.d
         swa = d.is_swa(il)
         inp = self.kv_inputs(swa)
@@ -274,7 +282,8 @@ class Builder:
         g.expand(self.store_k(kc, k, inp.k_idxs))
         g.expand(self._store_v(vc, v, inp.v_idxs))
         kview, vview = self.cache_views(il, kc, vc, inp.n_kv)
-        cur = self.attn_mha(q, kview, vview, inp.mask, sinks=sinks, softcap=softcap)
+        kq_mask = inp.mask if mask is None else mask
+        cur = self.attn_mha(q, kview, vview, kq_mask, sinks=sinks, softcap=softcap)
         if inp.rot_v is not None:
             cur = self.hadamard(cur, inp.rot_v)
         return self.linear(cur, d.n_embd, bias=wo_bias) if wo else cur

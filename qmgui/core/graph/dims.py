@@ -59,11 +59,39 @@ class Dims:
     mla_head_v: int
     swa_layers: tuple[bool, ...]
     layers: tuple[int, ...] = ()  # the layers replayed (see replay_layers)
+    attn_res_block_size: int = 0  # ModelMeta.attn_res_block_size (Kimi K3)
+    indexer_top_k: int = 0  # ModelMeta.indexer_top_k (DSA lightning indexers)
+    indexer_block_size: int = 0  # ModelMeta.indexer_block_size (MiniMax-M3 MSA)
+    # build_moe_ffn routing as the GGUF states it and the SwiGLU limits (ModelMeta's)
+    expert_gating: int = 0
+    expert_weights_norm: bool = False
+    expert_weights_scale: float = 0.0
+    swiglu_clamp_exp: tuple[float, ...] = ()
+    swiglu_clamp_shexp: tuple[float, ...] = ()
+    indexer_kpool: int = 0  # ModelMeta.indexer_kpool (glm5-next's k-pool indexer)
+    indexer_kpool_tail: bool = True
+    rope_sections: tuple[int, ...] = ()  # ModelMeta.rope_sections (M-RoPE)
+    compress_ratios: tuple[int, ...] = ()  # ModelMeta.compress_ratios_raw (qwen4exp's QSA)
+    ple_conv_floats: int = 0  # ModelMeta.ple_conv_floats (qwen4exp's PLE conv history)
+    n_ubatch: int = 0  # the launch's physical batch (glm5-next gathers at 16 and under)
+    rope_finetuned: bool = True  # ModelMeta.rope_finetuned (Granite hybrids rope where true)
 
     @property
     def iswa(self) -> bool:
         """The model has sliding-window layers and so a two-part KV cache."""
         return any(self.swa_layers)
+
+    @property
+    def use_mrope(self) -> bool:
+        """llama_hparams::use_mrope: the first two rope sections are set."""
+        r = self.rope_sections
+        return len(r) > 1 and r[0] > 0 and r[1] > 0
+
+    def clamp_exp(self, il: int) -> float:
+        return self.swiglu_clamp_exp[il] if il < len(self.swiglu_clamp_exp) else 0.0
+
+    def clamp_shexp(self, il: int) -> float:
+        return self.swiglu_clamp_shexp[il] if il < len(self.swiglu_clamp_shexp) else 0.0
 
     def is_swa(self, il: int) -> bool:
         return il < len(self.swa_layers) and self.swa_layers[il]
@@ -98,6 +126,9 @@ def swa_cells(meta: ModelMeta, r: Resolved) -> int:
     if not meta.sliding_window or r.swa_full:
         return r.n_ctx_seq
     per_stream = meta.sliding_window * (r.n_seq if r.kv_unified else 1) + r.n_ubatch
+    if meta.architecture == "deepseek4":
+        # llama-kv-cache-dsv4.cpp: the raw cache keeps one stream per sequence, unified or not
+        per_stream = meta.sliding_window + r.n_ubatch
     return min(r.n_ctx_seq, -(-per_stream // 256) * 256)
 
 
@@ -158,6 +189,21 @@ def dims(meta: ModelMeta, r: Resolved, embeddings: bool) -> Dims:
         mla_head_k=(meta.mla.key_length_mla or 0) if meta.mla else 0,
         mla_head_v=(meta.mla.value_length_mla or 0) if meta.mla else 0,
         layers=replay_layers(meta),
+        attn_res_block_size=meta.attn_res_block_size,
+        indexer_top_k=meta.indexer_top_k,
+        indexer_block_size=meta.indexer_block_size,
+        expert_gating=meta.expert_gating,
+        expert_weights_norm=meta.expert_weights_norm,
+        expert_weights_scale=meta.expert_weights_scale,
+        swiglu_clamp_exp=meta.swiglu_clamp_exp,
+        swiglu_clamp_shexp=meta.swiglu_clamp_shexp,
+        indexer_kpool=meta.indexer_kpool,
+        indexer_kpool_tail=meta.indexer_kpool_tail,
+        rope_sections=meta.rope_sections,
+        compress_ratios=meta.compress_ratios_raw,
+        ple_conv_floats=meta.ple_conv_floats,
+        n_ubatch=r.n_ubatch,
+        rope_finetuned=meta.rope_finetuned,
     )
 
 

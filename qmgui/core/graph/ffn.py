@@ -20,6 +20,9 @@ class Moe:
         biases: bool = False,
         act: str = "swiglu",
         weight_before: bool = False,
+        gated: bool = True,
+        limit: float = 0.0,
+        scaled: bool = False,
     ) -> None:
         self.gating = gating  # softmax | sigmoid | softmax_weight
         self.norm_w = norm_w
@@ -30,17 +33,70 @@ class Moe:
         # Llama 4: the routing weights scale each token's copies before the experts
         # (weight_before_ffn: the input repeated n_expert_used times, then multiplied)
         self.weight_before = weight_before
+        # experts without a gate tensor (Nemotron-H MoE): up, the activation alone ("relu_sqr":
+        # relu then sqr, both in place), down
+        self.gated = gated
+        # the layer's swiglu_clamp_exp, unfused (build_moe_ffn's generic branch): the up rows
+        # clamped, silu(gate) clamped, their product
+        self.limit = limit
+        # per-expert scales of the gated experts' three matmuls (build_lora_mm_id's w_s: the
+        # scales repeated over the tokens, their rows picked per token, multiplied in)
+        self.scaled = scaled
 
 
-def moe_ffn(b: Builder, x: Tensor, il: int, m: Moe) -> Tensor:
+def moe_ffn(b: Builder, x: Tensor, il: int, m: Moe, *, logits: Tensor | None = None) -> Tensor:
     """build_moe_ffn: router, top-k, weights, expert matmuls over n_expert_used rows per
-    token, weighted, then the experts' rows summed."""
+    token, weighted, then the experts' rows summed. `logits`: the router's logits computed
+    by the caller (probs_in; Nemotron-H MoE routes from the layer input while the experts
+    read its latent projection)."""
     g, d = b.g, b.d
     n_tok = x.ne[1]
     n_used = d.n_expert_used
     up_shape = d.shape(f"blk.{il}.ffn_up_exps.weight") or (d.n_embd, d.n_ff[il], d.n_expert)
     n_ff_exp = up_shape[1]
-    logits = b.linear(x, d.n_expert, bias=m.biases)
+    weights, topk = _route(b, x, m, logits)
+    cur = g.reshape(x, x.ne[0], 1, n_tok)
+    if m.weight_before:  # each token's copies scaled by its weights
+        cur = g.op("mul", g.op("repeat", cur, ne=(x.ne[0], n_used, n_tok)), weights)
+    if not m.gated:
+        return _moe_gateless(b, cur, m, weights=weights, topk=topk, n_ff_exp=n_ff_exp)
+    up = g.mul_mat_id(g.expert_weight(x.ne[0], n_ff_exp, d.n_expert), cur, topk)
+    gate = g.mul_mat_id(g.expert_weight(x.ne[0], n_ff_exp, d.n_expert), cur, topk)
+    if m.scaled:
+        up, gate = _expert_scaled(b, up, topk), _expert_scaled(b, gate, topk)
+    if m.biases:
+        up = g.op("add_id", up, g.expert_weight(n_ff_exp, d.n_expert), topk)
+        gate = g.op("add_id", gate, g.expert_weight(n_ff_exp, d.n_expert), topk)
+    if m.limit > 1e-6:
+        act = g.op("mul", g.op("clamp", g.op("unary", gate)), g.op("clamp", up))
+    else:
+        act = g.op(m.act, gate, up)
+    experts = g.mul_mat_id(g.expert_weight(n_ff_exp, x.ne[0], d.n_expert), act, topk)
+    if m.scaled:
+        experts = _expert_scaled(b, experts, topk)
+    if m.biases:
+        experts = g.op("add_id", experts, g.expert_weight(x.ne[0], d.n_expert), topk)
+    experts = experts if m.weight_before else g.op("mul", experts, weights)
+    g.expand(experts)
+    views = [g.view(experts, (x.ne[0], n_tok), (experts.nb[2],)) for _ in range(n_used)]
+    for v in views:
+        g.expand(v)
+    out = views[0]
+    for v in views[1:]:
+        out = g.expand(g.op("add", out, v))
+    if n_used == 1:
+        out = g.cont(out)
+    return out
+
+
+def _route(b: Builder, x: Tensor, m: Moe, logits: Tensor | None) -> tuple[Tensor, Tensor]:
+    """build_moe_ffn's routing: the router's logits (unless given), gating, the top-k
+    selection (argsort, a view), the selected experts' weights (normalised, scaled); the
+    weights are expanded here. Returns (weights [1, n_used, n_tokens], topk)."""
+    g, d = b.g, b.d
+    n_tok = x.ne[1]
+    n_used = d.n_expert_used
+    logits = b.linear(x, d.n_expert, bias=m.biases) if logits is None else logits
     probs = logits
     if m.gating == "softmax":
         probs = g.op("soft_max", logits)
@@ -60,29 +116,44 @@ def moe_ffn(b: Builder, x: Tensor, il: int, m: Moe) -> Tensor:
     if m.scale:
         weights = g.op("scale", weights)
     g.expand(weights)
-    cur = g.reshape(x, x.ne[0], 1, n_tok)
-    if m.weight_before:  # each token's copies scaled by its weights
-        cur = g.op("mul", g.op("repeat", cur, ne=(x.ne[0], n_used, n_tok)), weights)
-    up = g.mul_mat_id(g.expert_weight(x.ne[0], n_ff_exp, d.n_expert), cur, topk)
-    gate = g.mul_mat_id(g.expert_weight(x.ne[0], n_ff_exp, d.n_expert), cur, topk)
-    if m.biases:
-        up = g.op("add_id", up, g.expert_weight(n_ff_exp, d.n_expert), topk)
-        gate = g.op("add_id", gate, g.expert_weight(n_ff_exp, d.n_expert), topk)
-    act = g.op(m.act, gate, up)
-    experts = g.mul_mat_id(g.expert_weight(n_ff_exp, x.ne[0], d.n_expert), act, topk)
-    if m.biases:
-        experts = g.op("add_id", experts, g.expert_weight(x.ne[0], d.n_expert), topk)
-    experts = experts if m.weight_before else g.op("mul", experts, weights)
+    return weights, topk
+
+
+def _expert_scaled(b: Builder, res: Tensor, topk: Tensor) -> Tensor:
+    """build_lora_mm_id with w_s: the [n_expert] scales reshaped to [1, n_expert, 1],
+    repeated over the tokens, the selected experts' rows gathered and multiplied in."""
+    g, d = b.g, b.d
+    n_tok = topk.ne[1]
+    s = g.reshape(g.expert_weight(d.n_expert), 1, d.n_expert, 1)
+    s = g.op("repeat", s, ne=(1, d.n_expert, n_tok))
+    return g.op("mul", res, g.get_rows(s, topk))
+
+
+def _moe_gateless(
+    b: Builder, cur: Tensor, m: Moe, *, weights: Tensor, topk: Tensor, n_ff_exp: int
+) -> Tensor:
+    """moe_ffn's experts without a gate: up (times its per-expert scales), the activation
+    alone, down (scaled), weighted, the experts' rows summed. `cur`: [n_embd, 1, n_tokens]."""
+    g, d = b.g, b.d
+    n_embd, n_tok, n_used = cur.ne[0], cur.ne[2], d.n_expert_used
+    up = g.mul_mat_id(g.expert_weight(n_embd, n_ff_exp, d.n_expert), cur, topk)
+    if m.scaled:
+        up = _expert_scaled(b, up, topk)
+    act = g.op("unary", up)
+    if m.act == "relu_sqr":
+        act = g.op("sqr", act)
+    experts = g.mul_mat_id(g.expert_weight(n_ff_exp, n_embd, d.n_expert), act, topk)
+    if m.scaled:
+        experts = _expert_scaled(b, experts, topk)
+    experts = g.op("mul", experts, weights)
     g.expand(experts)
-    views = [g.view(experts, (x.ne[0], n_tok), (experts.nb[2],)) for _ in range(n_used)]
+    views = [g.view(experts, (n_embd, n_tok), (experts.nb[2],)) for _ in range(n_used)]
     for v in views:
         g.expand(v)
     out = views[0]
     for v in views[1:]:
         out = g.expand(g.op("add", out, v))
-    if n_used == 1:
-        out = g.cont(out)
-    return out
+    return g.cont(out) if n_used == 1 else out
 
 
 def ffn_no_gate(b: Builder, il: int, x: Tensor) -> Tensor:

@@ -59,3 +59,56 @@ def mamba2_layer(b: Builder, il: int, x: Tensor) -> Tensor:
     y = g.reshape(y, d_inner, n_t * n_seqs)
     # the output is reshaped (a view), so the residual scale that follows cannot run in place
     return g.reshape(b.linear(y, d.n_embd), d.n_embd, n_t * n_seqs)
+
+
+def mamba_layer(b: Builder, il: int, x: Tensor) -> Tensor:
+    """src/models/mamba-base.cpp build_mamba_layer (Mamba-1, also Jamba's mixer): in-projection
+    to x and z; causal conv over cached tokens (bias, SiLU); the x projection to dt, B and C
+    (dt_rank + 2 * d_state), RMS-normed when the layer has dt/B/C norms (Jamba), dt projected
+    up to d_inner; selective scan with one head per channel (it reads and returns the states);
+    y + x*D, gated by z, out-projection."""
+    d, g = b.d, b.g
+    d_conv, d_inner, d_state, _, dt_rank = d.ssm
+    n_seqs = b.s.n_seqs
+    n_t = x.ne[1] // n_seqs
+    conv = g.reshape(b.rs((d_conv - 1) * d_inner), d_conv - 1, d_inner, n_seqs)
+    xz = b.linear(g.reshape(x, x.ne[0], n_t, n_seqs), 2 * d_inner)
+    strides = (xz.nb[1], xz.nb[2])
+    xs = g.view(xz, (d_inner, n_t, n_seqs), strides)
+    z = g.view(xz, (d_inner, n_t, n_seqs), strides)
+    conv_x = g.concat(conv, g.transpose(xs), 0)
+    last = g.view(conv_x, (d_conv - 1, d_inner, n_seqs), (conv_x.nb[1], conv_x.nb[2]))
+    r_cache = g.cache("f32", (d_conv - 1) * d_inner, max(1, n_seqs))
+    g.expand(g.cpy(last, g.view(r_cache, ((d_conv - 1) * d_inner * n_seqs,))))
+    xs = Tensor(
+        "f32", (d_inner, n_t, n_seqs), op="ssm_conv", src=(conv_x, g.weight(d_conv, d_inner))
+    )
+    xs = g.op("unary", g.op("add", xs, g.weight(d_inner)))
+    x_db = b.linear(xs, dt_rank + 2 * d_state)
+    row = (x_db.nb[1], x_db.nb[2])
+    dt = g.view(x_db, (dt_rank, n_t, n_seqs), row)
+    bs = g.view(x_db, (d_state, 1, n_t, n_seqs), (d_state * 4, *row))
+    cs = g.view(x_db, (d_state, 1, n_t, n_seqs), (d_state * 4, *row))
+    pre = f"blk.{il}."
+    if all(d.has(pre + f"ssm_{n}_norm.weight") for n in ("dt", "b", "c")):
+        dt, bs, cs = b.norm(dt), b.norm(bs), b.norm(cs)
+    else:
+        dt = g.cont(dt)
+    dt = b.linear(dt, d_inner, bias=True)
+    x4 = g.reshape(xs, 1, d_inner, n_t, n_seqs)
+
+    def scan(states: Tensor, ids: Tensor) -> Tensor:
+        ssm = g.reshape(states, d_state, 1, d_inner, states.ne[1])
+        n = x4.nelements + d_state * d_inner * ids.ne[0]
+        return Tensor(
+            "f32", (n,), op="ssm_scan", src=(ssm, x4, dt, g.weight(d_state, d_inner), bs, cs, ids)
+        )
+
+    y_ssm = b.rs(d_state * d_inner, scan)
+    n_s = d_state * d_inner * n_seqs
+    s_cache = g.cache("f32", d_state * d_inner, max(1, n_seqs))
+    g.expand(g.cpy(g.view(y_ssm, (n_s,)), g.view(s_cache, (n_s,))))
+    y = g.view(y_ssm, (d_inner, n_t, n_seqs))
+    y = g.op("add", y, g.op("mul", xs, g.weight(d_inner)))
+    y = g.op("swiglu", g.cont(z), y)
+    return g.reshape(b.linear(y, d.n_embd), d.n_embd, n_t * n_seqs)

@@ -99,4 +99,5 @@ def graph_deepseek2(b: Builder) -> None:
     b.output_head(inp)
 
 
-FAMILY = Family(graph_deepseek2, verified=("deepseek2",))
+# mistral4: src/models/mistral4.cpp builds llama_model_deepseek2's graph
+FAMILY = Family(graph_deepseek2, verified=("deepseek2",), laid_out=("mistral4",))

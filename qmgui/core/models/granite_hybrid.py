@@ -11,7 +11,10 @@ from qmgui.core.models.family import Family
 
 def graph_granite_hybrid(b: Builder) -> None:
     """src/models/granite-hybrid.cpp: Mamba-2 layers and attention layers (no RoPE), with
-    Granite's embedding, residual and logit scales (in place), SwiGLU or expert FFN."""
+    Granite's embedding, residual and logit scales (in place), SwiGLU or expert FFN. The
+    attention layers rope Q and K where rope.scaling.finetuned is true (or absent: Granite's
+    switch for RoPE, false in Granite 4.0's GGUFs); the position input that brings is what
+    the layout needs (the rope itself runs in place)."""
     d, g = b.d, b.g
     inp = b.inp_embd(scale=True)
     for il in b.each_layer():
@@ -21,6 +24,8 @@ def graph_granite_hybrid(b: Builder) -> None:
             cur = mamba2_layer(b, il, cur)
         else:
             q, k, v = build_qkv(b, il, cur)
+            if d.rope_finetuned:  # hparams.rope_finetuned (has_rope): RoPE on Q and K
+                q, k = b.rope(q), b.rope(k)
             cur = b.attn_kv(il, q, k, v, wo_bias=d.has(f"blk.{il}.attn_output.bias"))
         cur, residual = b.last_rows(il, cur, residual)
         ffn_inp = g.op("add", g.op("scale", cur), residual)
