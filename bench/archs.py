@@ -55,6 +55,22 @@ SETTINGS = (
     setting("default", repack=True),
     setting("np=4 c=4096 fa=off", c=4096, np=4, fa="off", repack=True),
     setting("q8_0 cache fa=on ub=128", ctk="q8_0", ctv="q8_0", fa="on", ub=128, repack=True),
+    # the rest of the accuracy matrix's axes: the smallest context with the largest ubatch,
+    # a mixed cache and --swa-full; a long context without flash attention; slots with a
+    # KV stream each (no unified cache)
+    setting(
+        "c=512 ub=2048 q8_0/f16 fa=on swa-full",
+        c=512,
+        np=1,
+        ctk="q8_0",
+        fa="on",
+        b=2048,
+        ub=2048,
+        swa_full=True,
+        repack=True,
+    ),
+    setting("c=32768 np=1 fa=off ub=2048", c=32768, np=1, fa="off", b=2048, ub=2048, repack=True),
+    setting("c=8192 np=4 no-kvu fa=on", c=8192, np=4, kvu=False, fa="on", repack=True),
 )
 
 

@@ -92,8 +92,15 @@ def _check_cache_types(meta: ModelMeta, s: LaunchSettings, fa: bool) -> None:
         raise SizingError(
             "a quantized V cache needs flash attention: set --flash-attn on or use an f16 V cache"
         )
-    if meta.mla is not None and s.cache_type_k != s.cache_type_v:
-        raise SizingError("MLA models (DeepSeek, Kimi) need the same K and V cache types")
+    # llama_init_from_model: an absorbed-MLA cache (K and V widths of the latent: DeepSeek,
+    # Kimi, GLM-DSA) or DeepSeek-V4's keeps one type; MiniCPM3 and pre-split DeepSeek GGUFs,
+    # whose latent is decompressed per head, take different types
+    mla_cache = meta.mla is not None and bool(meta.mla.key_length_mla and meta.mla.value_length_mla)
+    if (mla_cache or meta.architecture == "deepseek4") and s.cache_type_k != s.cache_type_v:
+        raise SizingError(
+            "this model's latent-attention cache has one type: set the same --cache-type-k "
+            "and --cache-type-v"
+        )
     if fa:
         # flash attention reads whole quantisation blocks of each head
         for kind, t, dim in (

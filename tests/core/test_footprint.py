@@ -146,8 +146,13 @@ def test_cache_types_the_engine_refuses() -> None:
         resolve(m, LaunchSettings(cache_type_k="q8_0"))  # auto -> flash attention
     assert resolve(m, LaunchSettings(cache_type_k="q8_0", flash_attn="off")).flash_attn is False
     mla = make_meta(mla=MlaDims(512, 1536, 64, 192, 128), head_dim_k=576, head_dim_v=512)
-    with pytest.raises(SizingError, match="same K and V"):
+    with pytest.raises(SizingError, match="same --cache-type-k"):
         resolve(mla, LaunchSettings(cache_type_k="q8_0", flash_attn="off"))
+    # a latent decompressed per head (MiniCPM3, GGUFs converted before wkv_b was split: no
+    # key_length_mla) is an ordinary cache: b11434 loads minicpm3 with q8_0 K and f16 V
+    per_head = make_meta(mla=MlaDims(256, 768, 32, None, None), head_dim_k=96, head_dim_v=64)
+    mixed = LaunchSettings(cache_type_k="q8_0", flash_attn="on")
+    assert resolve(per_head, mixed).cache_type_k == "q8_0"
 
 
 def test_batch_follows_the_requested_context_and_embedding_mode() -> None:

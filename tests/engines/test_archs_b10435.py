@@ -19,7 +19,7 @@ from bench.archs import run, status
 # one per family the sizing core lays out apart, the hybrids, latent and sparse attention,
 # and the diffusion models (no KV cache)
 SAMPLE = (
-    "llama-dense", "gemma3-dense", "qwen3moe-moe", "deepseek2-moe", "deepseek32-moe",
+    "llama-dense", "gemma2-dense", "qwen3moe-moe", "deepseek2-moe", "deepseek32-moe",
     "qwen3next-moe", "nemotron_h-dense", "falcon-h1-dense", "jamba-dense", "mamba-dense",
     "plamo2-dense", "minicpm3-dense", "kimi-linear-moe", "dream-dense", "llada-moe-moe",
     "arctic-moe",
