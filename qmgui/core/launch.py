@@ -145,6 +145,8 @@ def resolve(
     # a quantized V with "auto" turns flash attention on rather than failing
     if s.flash_attn == "auto" and s.cache_type_v not in ("f32", "f16", "bf16"):
         fa = True
+    if meta.architecture == "grok":
+        fa = False  # llama_init_from_model: "flash_attn is not compatible with Grok - forcing off"
     _check_cache_types(meta, s, fa)
     if s.parallel is None or s.parallel < 0:
         # slots "auto": 4 slots sharing one unified cache, whatever -kvu/-no-kvu says

@@ -153,6 +153,11 @@ def test_cache_types_the_engine_refuses() -> None:
     per_head = make_meta(mla=MlaDims(256, 768, 32, None, None), head_dim_k=96, head_dim_v=64)
     mixed = LaunchSettings(cache_type_k="q8_0", flash_attn="on")
     assert resolve(per_head, mixed).cache_type_k == "q8_0"
+    # Grok: llama.cpp forces flash attention off, so a quantized V cache cannot load
+    grok = replace(make_meta(), architecture="grok")
+    assert resolve(grok, LaunchSettings(flash_attn="on")).flash_attn is False
+    with pytest.raises(SizingError, match="quantized V cache"):
+        resolve(grok, LaunchSettings(cache_type_k="q8_0", cache_type_v="q8_0", flash_attn="on"))
 
 
 def test_batch_follows_the_requested_context_and_embedding_mode() -> None:
