@@ -56,7 +56,7 @@ from qmgui.core.launch import Resolved
 from qmgui.core.meta import ModelClass, ModelMeta, Pooling
 from qmgui.core.models import GENERIC, LAID_OUT, RELATIVES, VERIFIED
 
-__all__ = ["GENERIC_MARGIN", "compute_buffer_bytes", "output_buffer_bytes"]
+__all__ = ["GENERIC_MARGIN", "compute_buffer_bytes", "is_embedding", "output_buffer_bytes"]
 
 
 # The first llama.cpp build known to build the mixed token/embedding input branch in
@@ -82,7 +82,7 @@ _NO_LAYOUT: dict[str, str] = {}
 GENERIC_MARGIN = 1.02
 
 
-def _is_embedding(meta: ModelMeta) -> bool:
+def is_embedding(meta: ModelMeta) -> bool:
     """Whether qmgui launches the model with `--embedding` (embedding and rerank models)."""
     return meta.model_class in (ModelClass.EMBEDDING, ModelClass.RERANK) or (
         meta.pooling != Pooling.NONE
@@ -155,7 +155,7 @@ def compute_buffer_bytes(
     if meta.n_layer <= 0 or meta.n_embd <= 0:
         raise SizingError(f"{meta.name}: no layer count or embedding width in the header")
     check_graph_size(meta)
-    embd = _is_embedding(meta) if embeddings is None else embeddings
+    embd = is_embedding(meta) if embeddings is None else embeddings
     # the same launch asked again (a slider moved back, a fit search confirming its answer)
     key = (id(meta), r, embd, mixed_batch)
     hit = _BYTES_CACHE.get(key)
@@ -353,6 +353,6 @@ def output_buffer_bytes(meta: ModelMeta, r: Resolved, *, embeddings: bool | None
     None: embedding and rerank models do). It grows at run time only if a batch asks for
     more outputs than slots.
     """
-    embd = _is_embedding(meta) if embeddings is None else embeddings
+    embd = is_embedding(meta) if embeddings is None else embeddings
     per_row = (meta.vocab_size or 0) + (meta.n_embd if embd else 0)
     return per_row * r.n_seq * 4

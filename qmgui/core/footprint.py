@@ -23,11 +23,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from qmgui.core.bounds import Bound, compute_bound, compute_bound_why, projector_compute_bound
-from qmgui.core.compute import MIXED_BATCH_BUILD, compute_buffer_bytes
+from qmgui.core.compute import MIXED_BATCH_BUILD, compute_buffer_bytes, is_embedding
 from qmgui.core.errors import SizingError
 from qmgui.core.gguf_tables import GGML_SIZES_BY_NAME
 from qmgui.core.launch import LaunchSettings, Resolved, pad, resolve, row_bytes
-from qmgui.core.meta import DSV4_CSA_RATIO, DSV4_HCA_RATIO, ModelMeta, Pooling, TensorEntry
+from qmgui.core.meta import DSV4_CSA_RATIO, DSV4_HCA_RATIO, ModelMeta, TensorEntry
 from qmgui.core.repack import (
     FIRST_KNOWN_BUILD,
     MUL_MAT,
@@ -604,7 +604,9 @@ def estimate(
     `cpu` is the CPU backend's features (`qmgui.core.repack`): with them the repacked copies
     are exact (`repack`, in the host total); without them only bounded (`repack_bound`)."""
     if embeddings is None:
-        embeddings = meta.pooling != Pooling.NONE or not meta.causal
+        # the server's --embedding mode: embedding and rerank models, pooled models; a
+        # non-causal LLM (the diffusion models) is started without it
+        embeddings = is_embedding(meta)
     r = resolve(meta, settings, embeddings=embeddings)
     n_gpu_layers = (
         meta.n_layer + 1

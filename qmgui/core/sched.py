@@ -52,12 +52,12 @@ from qmgui.core.compute import (
     GRAPH_FAULTS,
     GRAPHS_LOCK,
     KeptGraph,
-    _is_embedding,
     _layout,
     _reserve_shapes,
     built,
     check_graph_size,
     graph_fault,
+    is_embedding,
 )
 from qmgui.core.errors import SizingError
 from qmgui.core.ggml.alloc import Arena, same_layout
@@ -135,7 +135,7 @@ def sched_compute_bytes(
     if meta.n_layer <= 0 or meta.n_embd <= 0:
         raise SizingError(f"{meta.name}: no layer count or embedding width in the header")
     check_graph_size(meta)
-    embd = _is_embedding(meta) if embeddings is None else embeddings
+    embd = is_embedding(meta) if embeddings is None else embeddings
     key = (id(meta), r, offload, embd, mixed_batch)
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is meta:

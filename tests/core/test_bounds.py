@@ -20,13 +20,13 @@ from qmgui.core.bounds import (
     compute_bound,
     projector_compute_bound,
 )
-from qmgui.core.compute import compute_buffer_bytes
+from qmgui.core.compute import compute_buffer_bytes, is_embedding
 from qmgui.core.errors import SizingError
 from qmgui.core.fit import Budget, check
 from qmgui.core.footprint import CPU, Gpu, estimate
 from qmgui.core.gguf_header import header_from_data, read_gguf_header
 from qmgui.core.launch import LaunchSettings, resolve
-from qmgui.core.meta import ModelMeta, Pooling, meta_from_gguf
+from qmgui.core.meta import ModelMeta, meta_from_gguf
 from qmgui.core.units import GIB, MIB
 
 FIXTURE = Path(__file__).parent / "fixtures" / "compute" / "bounds_b11434.json"
@@ -66,7 +66,7 @@ def _cases() -> list[tuple[str, str, float]]:
 
 
 def _embeddings(meta: ModelMeta) -> bool:
-    return meta.pooling != Pooling.NONE or not meta.causal
+    return is_embedding(meta)
 
 
 @pytest.fixture

@@ -364,3 +364,19 @@ def test_a_sliding_window_model_keeps_a_second_mask_on_the_host() -> None:
     masks = (8192 + swa_cells) * 512 * 2
     formula = 2 * 64 * 512 * 4 + masks + 512 * 4 + 2 * 8192
     assert abs(fp.host.compute - formula) <= 16 * 1024  # the walk (see above)
+
+
+def test_a_non_causal_llm_is_planned_without_embedding_mode() -> None:
+    """Diffusion LLMs (Dream, LLaDA) attend non-causally but are LLMs to llama-server, which
+    starts them without --embedding: one output row per slot, logits only, as b10435 and
+    b11434 reserve (docs/accuracy-archs-*); a pooled encoder is planned in embedding mode."""
+    from qmgui.core.compute import is_embedding
+    from qmgui.core.meta import ModelClass, Pooling
+
+    diffusion = replace(make_meta(), causal=False, model_class=ModelClass.LLM)
+    assert not is_embedding(diffusion)
+    fp = estimate(diffusion, LaunchSettings(ctx_size=1024, parallel=2))
+    cpu = next(d for d in fp.devices if d.name == "CPU")
+    assert cpu.output == (diffusion.vocab_size or 0) * 2 * 4
+    encoder = replace(diffusion, pooling=Pooling.MEAN, model_class=ModelClass.EMBEDDING)
+    assert is_embedding(encoder)

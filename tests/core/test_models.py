@@ -18,11 +18,11 @@ from functools import cache
 import pytest
 
 from qmgui.core import models
-from qmgui.core.compute import MIXED_BATCH_BUILD, compute_buffer_bytes
+from qmgui.core.compute import MIXED_BATCH_BUILD, compute_buffer_bytes, is_embedding
 from qmgui.core.errors import SizingError
 from qmgui.core.gguf_header import header_from_data
 from qmgui.core.launch import LaunchSettings, resolve
-from qmgui.core.meta import ModelMeta, Pooling, meta_from_gguf
+from qmgui.core.meta import ModelMeta, meta_from_gguf
 from qmgui.core.models.family import Family
 from tests.core.test_bounds import SETTINGS
 from tests.core.test_compute import FIXTURES, MIB, OVER, PRINTED, _launches, _models, _resolved
@@ -93,7 +93,7 @@ def test_each_architecture_a_family_serves_is_measured(module: str, arch: str, c
     cases = _b11434_cases().get(arch, [])
     assert cases, f"{module}: no b11434 launch of {arch} in fixtures/compute"
     for meta, setting, measured in cases:
-        embeddings = meta.pooling != Pooling.NONE or not meta.causal
+        embeddings = is_embedding(meta)
         r = resolve(meta, SETTINGS[setting])
         got = compute_buffer_bytes(meta, r, embeddings=embeddings, mixed_batch=True) / MIB
         assert measured - PRINTED <= got <= measured * OVER, (module, meta.name, setting)
@@ -128,7 +128,7 @@ def test_every_architecture_of_a_build_is_predicted_within_the_band(build: int) 
     misses: dict[tuple[str, str], str] = {}
     cases = _build_cases(build)
     for model, meta, setting, measured in cases:
-        embeddings = meta.pooling != Pooling.NONE or not meta.causal
+        embeddings = is_embedding(meta)
         r = resolve(meta, SETTINGS[setting])
         try:
             got = compute_buffer_bytes(

@@ -21,7 +21,7 @@ from dataclasses import replace
 import pytest
 
 from qmgui.core import sched
-from qmgui.core.compute import _is_embedding, _layout
+from qmgui.core.compute import _layout, is_embedding
 from qmgui.core.errors import SizingError
 from qmgui.core.fit import Budget, _fits, check, gpus_from_sizes
 from qmgui.core.gguf_header import read_gguf_header
@@ -81,7 +81,7 @@ def _launches(
     meta: ModelMeta, cells: tuple[int, ...], grid: _Grid
 ) -> Iterator[tuple[tuple[str, int, int | None, str], list[Resolved]]]:
     """Per grid entry: the launch at each cell count per stream."""
-    embd = _is_embedding(meta)
+    embd = is_embedding(meta)
     for fa, ub, slots, kv in grid:
         runs = []
         for c in cells:
@@ -107,7 +107,7 @@ def _check_model(
     meta: ModelMeta, cells: tuple[int, ...], grid: _Grid, backends: tuple[str, ...]
 ) -> int:
     build, _ = _layout(meta)
-    embd = _is_embedding(meta)
+    embd = is_embedding(meta)
     checked = 0
     for backend in backends:
         for offload in _offloads(meta, backend):
@@ -161,7 +161,7 @@ def _boundaries(meta: ModelMeta) -> list[sched.Offload]:
 
 def _runs_replay_as_the_whole_stack(meta: ModelMeta, monkeypatch: pytest.MonkeyPatch) -> int:
     build, _ = _layout(meta)
-    embd = _is_embedding(meta)
+    embd = is_embedding(meta)
     compressed = sched._layers
 
     def whole(m: ModelMeta, offload: sched.Offload) -> tuple[int, ...]:

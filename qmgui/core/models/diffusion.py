@@ -3,8 +3,6 @@ decoder-shaped transformers that attend over the whole ubatch without a KV cache
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from qmgui.core.ggml.tensor import Tensor
 from qmgui.core.graph.attention import attn_no_cache, build_qkv
 from qmgui.core.graph.builder import Builder
@@ -27,12 +25,9 @@ def graph_diffusion(b: Builder) -> None:
     experts (llada-moe, rnd1); residual; the output norm and the LM head, without the
     output bias dream.cpp loads.
 
-    Outputs: these are LLMs to llama-server (no --embedding), so server_output_limits
-    gives the context one output row per slot, and the prompt graph's inp_out_ids and
-    logits have n_seqs rows, whatever row count an embedding context would reserve
-    (core.compute passes one for non-causal models)."""
+    Outputs: these are LLMs to llama-server (no --embedding, compute.is_embedding), so
+    the context keeps one output row per slot (server_output_limits)."""
     d, g = b.d, b.g
-    b.s = replace(b.s, n_outputs=min(b.s.n_outputs, b.s.n_seqs))
     inp = b.inp_embd()
     b.inp_pos()
     # both pass the header's expert_weights_scale: a scale op unless it is 0 or 1
