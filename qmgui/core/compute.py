@@ -54,7 +54,7 @@ from qmgui.core.graph.builder import Build, Builder
 from qmgui.core.graph.dims import CACHE_KEPT, Dims, Shape, dims, replay_layers, swa_cells
 from qmgui.core.launch import Resolved
 from qmgui.core.meta import ModelClass, ModelMeta, Pooling
-from qmgui.core.models import GENERIC, LAID_OUT, RELATIVES, VERIFIED
+from qmgui.core.models import family_of, generic
 
 __all__ = ["GENERIC_MARGIN", "compute_buffer_bytes", "is_embedding", "output_buffer_bytes"]
 
@@ -204,12 +204,11 @@ def _layout_of(meta: ModelMeta) -> tuple[Build, float]:
     unmeasured = (meta.mla is not None and not meta.mla.key_length_mla) or (
         meta.pooling == Pooling.RANK
     )
-    if arch in VERIFIED:
-        return VERIFIED[arch], GENERIC_MARGIN if unmeasured else 1.0
-    if arch in RELATIVES:
-        return RELATIVES[arch], GENERIC_MARGIN
-    if arch in LAID_OUT:
-        return LAID_OUT[arch], GENERIC_MARGIN
+    family = family_of(arch)
+    if family is not None:
+        if arch in family.verified:
+            return family.build, GENERIC_MARGIN if unmeasured else 1.0
+        return family.build, GENERIC_MARGIN  # laid out, or a close relative
     if arch in _NO_LAYOUT:
         raise SizingError(
             f"{meta.name}: no compute-buffer layout for {arch!r} ({_NO_LAYOUT[arch]})"
@@ -219,7 +218,7 @@ def _layout_of(meta: ModelMeta) -> tuple[Build, float]:
             f"{meta.name}: no compute-buffer layout for architecture {arch!r} "
             "(recurrent, latent-attention or encoder layers)"
         )
-    return GENERIC, GENERIC_MARGIN
+    return generic(), GENERIC_MARGIN
 
 
 def _reserve_bytes(meta: ModelMeta, r: Resolved, build: Build, embeddings: bool) -> int:

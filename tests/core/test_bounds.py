@@ -74,9 +74,9 @@ def unlaid(monkeypatch: pytest.MonkeyPatch) -> None:
     """deepseek4 as it was before it had a layout (models/deepseek4.py): an architecture
     without one, which the plan charges its bound. The fixture's models all have layouts now;
     this keeps a real one to charge (compute's caches emptied, so nothing laid out leaks in)."""
-    from qmgui.core import compute
+    from qmgui.core import compute, models
 
-    monkeypatch.delitem(compute.LAID_OUT, "deepseek4")
+    monkeypatch.delitem(models.INDEX, "deepseek4")
     monkeypatch.setitem(compute._NO_LAYOUT, "deepseek4", "treated as unlaid by the test")
     for name in ("_BYTES_CACHE", "_PROGRAMS", "_BUILT"):
         monkeypatch.setattr(compute, name, {})

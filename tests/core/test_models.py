@@ -1,5 +1,5 @@
 """The architecture families (qmgui.core.models): adding an architecture is one module and
-its test. Every module there declares its FAMILY and is listed in models.FAMILIES, no
+its test. Every module there declares its FAMILY and its architectures in models.INDEX, no
 architecture is served twice, and every architecture a family serves is checked here against
 what an engine allocated (tests/core/fixtures/compute): a verified architecture exactly, on
 the test engine's launches (launches.csv); a laid-out one or a close relative within the
@@ -37,7 +37,7 @@ def _family_modules() -> list[str]:
 def _served() -> list[tuple[str, str, str]]:
     """(module, architecture, how far it is checked) for everything the registry serves."""
     out = []
-    for f in models.FAMILIES:
+    for f in models.all_families():
         module = f.build.__module__.rsplit(".", 1)[1]
         out += [(module, a, "verified") for a in f.verified]
         out += [(module, a, "margin") for a in (*f.laid_out, *f.relatives)]
@@ -46,20 +46,25 @@ def _served() -> list[tuple[str, str, str]]:
 
 def test_every_family_module_is_registered() -> None:
     names = _family_modules()
-    assert len(names) == len(models.FAMILIES)
+    assert len(names) == len(models.all_families())
     for name in names:
         module = importlib.import_module(f"qmgui.core.models.{name}")
         family = getattr(module, "FAMILY", None)
         assert isinstance(family, Family), f"{name} declares no FAMILY"
-        assert family in models.FAMILIES, f"{name} is not listed in models.FAMILIES"
+        index = {a for a, m in models.INDEX.items() if m == name}
+        assert index == set(family.architectures), f"models.INDEX lists {name} wrong"
         assert family.build.__module__ == module.__name__, f"{name}'s graph lives elsewhere"
         assert family.architectures, f"{name} serves no architecture"
 
 
 def test_no_architecture_is_served_twice() -> None:
-    counts = Counter(a for f in models.FAMILIES for a in f.architectures)
+    counts = Counter(a for f in models.all_families() for a in f.architectures)
     assert [a for a, n in counts.items() if n > 1] == []
-    assert set(counts) == set(models.VERIFIED) | set(models.LAID_OUT) | set(models.RELATIVES)
+    assert set(counts) == set(models.INDEX)
+    for arch, module in models.INDEX.items():
+        assert (
+            models.family_of(arch) is importlib.import_module(f"qmgui.core.models.{module}").FAMILY
+        )
 
 
 @cache

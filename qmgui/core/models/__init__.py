@@ -1,87 +1,91 @@
 """One module per architecture family, as llama.cpp's src/models/ is laid out: each builds
 its family's compute graph from the shared blocks (qmgui.core.graph) and declares the
-architectures it serves (its FAMILY). Adding an architecture is one module here, listed in
-FAMILIES, and its test (tests/core/test_models.py checks both)."""
+architectures it serves (its FAMILY). Adding an architecture is one module here, a line in
+INDEX, and its test (tests/core/test_models.py holds INDEX to the modules' declarations).
+
+A family's module is imported when a model of one of its architectures is first sized, not
+with this package: there are over thirty, and a `qmgui plan` sizes one model."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 from qmgui.core.graph.builder import Build
-from qmgui.core.models import (
-    arctic,
-    bailingmoe3,
-    bert,
-    deepseek2,
-    deepseek4,
-    deepseek32,
-    diffusion,
-    dots3note,
-    falcon_h1,
-    gemma,
-    glm5_next,
-    gpt_oss,
-    granite_hybrid,
-    hrm,
-    hy_v4,
-    jamba,
-    kimi_k3,
-    kimi_linear,
-    lfm2,
-    llama,
-    mamba,
-    mamba2,
-    minicpm3,
-    minimax01,
-    minimax_m3,
-    nemotron_h,
-    openelm,
-    parallel,
-    plamo2,
-    qwen3next,
-    qwen4exp,
-    rwkv7,
-    talkie,
-)
 from qmgui.core.models.family import Family
 
-FAMILIES: tuple[Family, ...] = (
-    llama.FAMILY,
-    gemma.FAMILY,
-    gpt_oss.FAMILY,
-    deepseek2.FAMILY,
-    diffusion.FAMILY,
-    bert.FAMILY,
-    qwen3next.FAMILY,
-    bailingmoe3.FAMILY,
-    glm5_next.FAMILY,
-    qwen4exp.FAMILY,
-    granite_hybrid.FAMILY,
-    lfm2.FAMILY,
-    mamba2.FAMILY,
-    mamba.FAMILY,
-    jamba.FAMILY,
-    kimi_linear.FAMILY,
-    kimi_k3.FAMILY,
-    minimax01.FAMILY,
-    minimax_m3.FAMILY,
-    nemotron_h.FAMILY,
-    openelm.FAMILY,
-    falcon_h1.FAMILY,
-    plamo2.FAMILY,
-    rwkv7.FAMILY,
-    parallel.FAMILY,
-    talkie.FAMILY,
-    hrm.FAMILY,
-    minicpm3.FAMILY,
-    deepseek32.FAMILY,
-    dots3note.FAMILY,
-    hy_v4.FAMILY,
-    deepseek4.FAMILY,
-    arctic.FAMILY,
-)
+# architecture -> the module of its family
+INDEX: dict[str, str] = {
+    "llama": "llama",
+    "qwen2": "llama",
+    "qwen3": "llama",
+    "qwen3moe": "llama",
+    "gemma2": "gemma",
+    "gemma3": "gemma",
+    "gpt-oss": "gpt_oss",
+    "deepseek2": "deepseek2",
+    "mistral4": "deepseek2",
+    "dream": "diffusion",
+    "llada": "diffusion",
+    "llada-moe": "diffusion",
+    "rnd1": "diffusion",
+    "bert": "bert",
+    "qwen3next": "qwen3next",
+    "qwen35": "qwen3next",
+    "qwen35moe": "qwen3next",
+    "bailingmoe3": "bailingmoe3",
+    "glm5-next": "glm5_next",
+    "qwen4exp": "qwen4exp",
+    "granitehybrid": "granite_hybrid",
+    "lfm2": "lfm2",
+    "lfm2moe": "lfm2",
+    "mamba2": "mamba2",
+    "mamba": "mamba",
+    "jamba": "jamba",
+    "kimi-linear": "kimi_linear",
+    "kimi-k3": "kimi_k3",
+    "minimax-01": "minimax01",
+    "minimax-m3": "minimax_m3",
+    "nemotron_h": "nemotron_h",
+    "nemotron_h_moe": "nemotron_h",
+    "openelm": "openelm",
+    "falcon-h1": "falcon_h1",
+    "plamo2": "plamo2",
+    "rwkv7": "rwkv7",
+    "phi2": "parallel",
+    "command-r": "parallel",
+    "cohere2": "parallel",
+    "cohere2moe": "parallel",
+    "plamo": "parallel",
+    "talkie": "talkie",
+    "hrm_text": "hrm",
+    "minicpm3": "minicpm3",
+    "deepseek32": "deepseek32",
+    "glm-dsa": "deepseek32",
+    "dots3note": "dots3note",
+    "hy_v4": "hy_v4",
+    "deepseek4": "deepseek4",
+    "arctic": "arctic",
+}
+_GENERIC_MODULE = "llama"  # graph_llama: the layout of architectures without a family
 
-# architecture -> graph, by how far the graph was checked (see Family)
-VERIFIED: dict[str, Build] = {a: f.build for f in FAMILIES for a in f.verified}
-LAID_OUT: dict[str, Build] = {a: f.build for f in FAMILIES for a in f.laid_out}
-RELATIVES: dict[str, Build] = {a: f.build for f in FAMILIES for a in f.relatives}
-# the layout of architectures without a family of their own (times the generic margin)
-GENERIC: Build = llama.graph_llama
+
+def family_of(arch: str) -> Family | None:
+    """The family that lays out `arch` (its module imported on first use), or None."""
+    module = INDEX.get(arch)
+    if module is None:
+        return None
+    family: Family = importlib.import_module(f"{__name__}.{module}").FAMILY
+    return family
+
+
+def generic() -> Build:
+    """The layout of architectures without a family of their own (times the generic margin)."""
+    build: Build = importlib.import_module(f"{__name__}.{_GENERIC_MODULE}").graph_llama
+    return build
+
+
+def all_families() -> tuple[Family, ...]:
+    """Every family module's FAMILY, each module imported (tests, tools)."""
+    names = sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name != "family")
+    return tuple(importlib.import_module(f"{__name__}.{n}").FAMILY for n in names)
