@@ -34,10 +34,17 @@ def lid_inputs(b: Builder, rot: int) -> LidInputs:
 def indexer_dims(b: Builder, il: int) -> tuple[int, int]:
     """(key width, heads) of layer il's lightning indexer, from its tensors."""
     d = b.d
-    k = d.shape(f"blk.{il}.indexer.attn_k.weight")
-    proj = d.shape(f"blk.{il}.indexer.proj.weight")
+    pre = f"blk.{il}.indexer."
+    k = d.shape(pre + "attn_k.weight")
     width = k[1] if k and len(k) > 1 else 128
-    heads = proj[1] if proj and len(proj) > 1 else 64
+    q_b = d.shape(pre + "attn_q_b.weight")  # the queries: heads x width wide
+    proj = d.shape(pre + "proj.weight")  # one weight per head; 1-D for a single head
+    if q_b and len(q_b) > 1:
+        heads = max(1, q_b[1] // width)
+    elif proj:
+        heads = proj[1] if len(proj) > 1 else 1
+    else:
+        heads = 64
     return width, heads
 
 
@@ -68,16 +75,27 @@ def indexer_top_k(
     per-head weights pre-scaled, the scores over the whole cache and the indices of the top
     k (made contiguous). `rotate`: the Hadamard rotation of q and k (deepseek32, dots3note;
     hy-v4 skips it)."""
-    d, g = b.d, b.g
+    g = b.g
     n_tok = x.ne[1]
     width, heads = indexer_dims(b, il)
-    ns = d.n_stream
     iq = b.rope(g.reshape(b.linear(qr, width * heads), width, heads, n_tok))
     ik = b.norm(b.linear(x, width), kind="norm", bias=True)
     ik = b.rope(g.reshape(ik, width, 1, n_tok))
     if rotate and lid.rot is not None:
         iq = g.mul_mat(lid.rot, iq)
         ik = g.mul_mat(lid.rot, ik)
+    return indexer_select(b, x, iq, ik, lid, width=width, heads=heads)
+
+
+def indexer_select(
+    b: Builder, x: Tensor, iq: Tensor, ik: Tensor, lid: LidInputs, *, width: int, heads: int
+) -> Tensor:
+    """The lightning indexer past its roped (and rotated) queries `iq` and key `ik`: the key
+    stored in the indexer cache, the per-head weights (pre-scaled), the scores over the
+    whole cache and the indices of the top k, made contiguous."""
+    d, g = b.d, b.g
+    n_tok = x.ne[1]
+    ns = d.n_stream
     cache = g.cache(d.type_k, width, d.n_kv, ns)
     g.expand(b.store_k(cache, ik, lid.k_idxs))
     iw = b.linear(x, heads)

@@ -7,7 +7,14 @@ from __future__ import annotations
 from qmgui.core.ggml.tensor import Tensor, row_size
 from qmgui.core.graph.builder import Builder
 from qmgui.core.graph.dims import Dims
-from qmgui.core.graph.dsa import LidInputs, lid_inputs, mla_absorbed, mla_attn, n_top_k
+from qmgui.core.graph.dsa import (
+    LidInputs,
+    indexer_dims,
+    indexer_select,
+    lid_inputs,
+    mla_absorbed,
+    mla_attn,
+)
 from qmgui.core.graph.ffn import Moe, moe_ffn
 from qmgui.core.models.family import Family
 
@@ -36,17 +43,6 @@ def _ffn(b: Builder, x: Tensor, n_ff: int, pre: str, suffix: str = "") -> Tensor
     return _mm(b, b.g.op("swiglu", gate, up), x.ne[0], pre + "ffn_down" + suffix)
 
 
-def _indexer_dims(d: Dims, il: int) -> tuple[int, int]:
-    """(key width, heads) of layer il's lightning indexer, from its key and query
-    projections (the query one is heads x width wide)."""
-    pre = f"blk.{il}.indexer."
-    k = d.shape(pre + "attn_k.weight")
-    width = k[1] if k and len(k) > 1 else 128
-    q_b = d.shape(pre + "attn_q_b.weight")
-    heads = max(1, q_b[1] // width) if q_b and len(q_b) > 1 else 64
-    return width, heads
-
-
 def _rope_head(b: Builder, x: Tensor, width: int, heads: int) -> Tensor:
     """Rope the first n_rot values of each indexer head: b11434 ropes the heads whole
     (ggml_rope_ext on the reshape); older builds (b10435; `b.mixed_batch` stands for the
@@ -70,30 +66,14 @@ def _indexer(b: Builder, il: int, x: Tensor, qr: Tensor, lid: LidInputs) -> Tens
     (made contiguous)."""
     d, g = b.d, b.g
     pre = f"blk.{il}.indexer."
-    n_tok = x.ne[1]
-    width, heads = _indexer_dims(d, il)
-    ns = d.n_stream
+    width, heads = indexer_dims(b, il)
     iq = _rope_head(b, b.linear(qr, width * heads), width, heads)
     ik = b.norm(b.linear(x, width), kind="norm", bias=d.has(pre + "k_norm.bias"))
     ik = _rope_head(b, ik, width, 1)
     if lid.rot is not None:
         iq = g.mul_mat(lid.rot, iq)
         ik = g.mul_mat(lid.rot, ik)
-    cache = g.cache(d.type_k, width, d.n_kv, ns)
-    g.expand(b.store_k(cache, ik, lid.k_idxs))
-    iw = b.linear(x, heads)
-    tk = cache.type
-    k = g.view(
-        cache,
-        (width, 1, d.n_kv, ns),
-        (row_size(tk, width), row_size(tk, width), row_size(tk, width * d.n_kv)),
-    )
-    nt = n_tok // ns
-    iq = g.view(iq, (width, heads, nt, ns), (iq.nb[1], iq.nb[2], iq.nb[3] // ns))
-    iw = g.view(iw, (heads, nt, 1, ns), (iw.nb[1], iw.nb[2] // ns, iw.nb[3] // ns))
-    iw = g.op("scale", iw)
-    score = Tensor("f32", (d.n_kv, nt, 1, ns), op="lightning_indexer", src=(iq, k, iw, lid.mask))
-    return g.cont(Tensor("i32", (n_top_k(b), nt, 1, ns), op="top_k", src=(score,)))
+    return indexer_select(b, x, iq, ik, lid, width=width, heads=heads)
 
 
 def _dsa_attn(
@@ -128,7 +108,7 @@ def graph_deepseek32(b: Builder) -> None:
     moe = Moe(gating="sigmoid" if v3 else "softmax", norm_w=v3, scale=v3, probs_bias=v3)
     inp = b.inp_embd()
     b.inp_pos()
-    lid = lid_inputs(b, _rot(_indexer_dims(d, 0)[0]))
+    lid = lid_inputs(b, _rot(indexer_dims(b, 0)[0]))
     top_k: Tensor | None = None
     for il in b.each_layer():
         pre = f"blk.{il}."
