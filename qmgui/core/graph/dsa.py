@@ -114,6 +114,17 @@ def indexer_select(
     return g.cont(top)
 
 
+def mla_q(b: Builder, il: int, x: Tensor, n_q: int) -> Tensor:
+    """MLA's queries: one matmul (wq: DeepSeek-V2-Lite, Kimi) or a LoRA pair with an RMS
+    norm between (wq_a, wq_b: DeepSeek-V3, Bailing-MoE3)."""
+    pre = f"blk.{il}."
+    if b.d.has(pre + "attn_q.weight"):
+        return b.linear(x, n_q)
+    q_a = b.d.shape(pre + "attn_q_a.weight")
+    rank = q_a[1] if q_a else x.ne[0]
+    return b.linear(b.norm(b.linear(x, rank)), n_q)
+
+
 def mla_absorbed(
     b: Builder, il: int, x: Tensor, qr: Tensor, *, k_norm: bool = False
 ) -> tuple[Tensor, Tensor, Tensor]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from qmgui.core.ggml.tensor import Tensor, row_size
 from qmgui.core.graph.builder import Builder
+from qmgui.core.graph.dsa import mla_attn, mla_q
 
 
 @dataclass(frozen=True)
@@ -147,11 +148,7 @@ def mla_nope_attn(b: Builder, il: int, x: Tensor, *, gate: bool = False) -> Tens
     lora, rope = d.mla_kv_lora, d.mla_rope
     nope = d.mla_head_k - rope
     n_q = hq * d.mla_head_k
-    if d.has(pre + "attn_q.weight"):
-        q = b.linear(x, n_q)
-    else:
-        q_a = d.shape(pre + "attn_q_a.weight")
-        q = b.linear(b.norm(b.linear(x, q_a[1] if q_a else x.ne[0])), n_q)
+    q = mla_q(b, il, x, n_q)
     kv_pe = b.linear(x, lora + rope)
     kv_cmpr = g.view(kv_pe, (lora, n_tok), (kv_pe.nb[1],))
     k_pe = g.view(kv_pe, (rope, 1, n_tok), (kv_pe.nb[1], kv_pe.nb[1]))
@@ -163,14 +160,7 @@ def mla_nope_attn(b: Builder, il: int, x: Tensor, *, gate: bool = False) -> Tens
     q_cur = g.concat(absorbed, q_pe, 0)
     v_cur = g.reshape(kv_cmpr, lora, 1, n_tok)
     k_cur = g.concat(v_cur, k_pe, 0)
-    for t in (q_cur, v_cur, k_cur):
-        g.expand(t)
-    inp = b.kv_inputs(False)
-    kc = g.cache(d.type_k, lora + rope, inp.n_kv, d.n_stream)
-    g.expand(b.store_k(kc, k_cur, inp.k_idxs))
-    kview, _ = b.cache_views(il, kc, kc, inp.n_kv)
-    v = g.view(kview, (lora, kview.ne[1], kview.ne[2], kview.ne[3]), kview.nb[1:])
-    cur = b.attn_mha(q_cur, kview, v, inp.mask, v_mla=g.weight(lora, d.mla_head_v, hq))
+    cur = mla_attn(b, il, (q_cur, k_cur, v_cur), b.kv_inputs(False))
     if gate and d.has(pre + "attn_gate.weight"):
         cur = g.op("mul", cur, g.op("unary", b.linear(x, cur.ne[0])))
     cur = b.linear(cur, d.n_embd)

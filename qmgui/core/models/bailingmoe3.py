@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from qmgui.core.ggml.tensor import Tensor, row_size
 from qmgui.core.graph.builder import Builder
+from qmgui.core.graph.dsa import mla_attn, mla_q
 from qmgui.core.graph.ffn import Moe, moe_ffn
 from qmgui.core.models.family import Family
 
@@ -95,18 +96,12 @@ def _mla_layer(b: Builder, il: int, x: Tensor) -> Tensor:
     plus the roped key, V a view of the K cache, wv_b after the attention), then a per-head
     sigmoid gate from the layer input, wo."""
     d, g = b.d, b.g
-    pre = f"blk.{il}."
     n_tok = x.ne[1]
     hq = d.n_head[il]
     lora, rope = d.mla_kv_lora, d.mla_rope
     head_k = d.mla_head_k
     nope = head_k - rope
-    if d.has(pre + "attn_q_a.weight"):
-        q_a = d.shape(pre + "attn_q_a.weight")
-        rank = q_a[1] if q_a else x.ne[0]
-        q = b.linear(b.norm(b.linear(x, rank)), hq * head_k)
-    else:
-        q = b.linear(x, hq * head_k)
+    q = mla_q(b, il, x, hq * head_k)
     head_row = row_size("f32", head_k)
     q_nope = g.view(q, (nope, hq, n_tok), (head_row, head_row * hq))
     q_pe = g.view(q, (rope, hq, n_tok), (head_row, head_row * hq))
@@ -121,14 +116,7 @@ def _mla_layer(b: Builder, il: int, x: Tensor) -> Tensor:
     q_cur = g.concat(q_nope, q_pe, 0)
     v_cur = g.reshape(kv, lora, 1, n_tok)
     k_cur = g.concat(v_cur, k_pe, 0)
-    for t in (q_cur, v_cur, k_cur):
-        g.expand(t)
-    inp = b.kv_inputs(False)
-    kc = g.cache(d.type_k, lora + rope, inp.n_kv, d.n_stream)
-    g.expand(b.store_k(kc, k_cur, inp.k_idxs))
-    kview, _ = b.cache_views(il, kc, kc, inp.n_kv)
-    vview = g.view(kview, (lora, kview.ne[1], kview.ne[2], kview.ne[3]), kview.nb[1:])
-    cur = b.attn_mha(q_cur, kview, vview, inp.mask, v_mla=g.weight(lora, d.mla_head_v, hq))
+    cur = mla_attn(b, il, (q_cur, k_cur, v_cur), b.kv_inputs(False))
     gate = g.op("unary", g.reshape(b.linear(x, hq), 1, hq, n_tok))
     cur = g.op("mul", g.reshape(cur, d.mla_head_v, hq, n_tok), gate)
     return b.linear(g.cont(cur, d.mla_head_v * hq, n_tok), d.n_embd)

@@ -4,20 +4,9 @@ from __future__ import annotations
 
 from qmgui.core.ggml.tensor import Tensor, row_size
 from qmgui.core.graph.builder import Builder
+from qmgui.core.graph.dsa import mla_attn, mla_q
 from qmgui.core.graph.ffn import Moe, moe_ffn
 from qmgui.core.models.family import Family
-
-
-def _deepseek_q(b: Builder, il: int, x: Tensor, head: int) -> Tensor:
-    """Q: a LoRA pair with a norm between (V3) or one matmul (V2-Lite)."""
-    d = b.d
-    pre = f"blk.{il}."
-    n_q = d.n_head[il] * head
-    if d.has(pre + "attn_q.weight"):
-        return b.linear(x, n_q)
-    q_a = d.shape(pre + "attn_q_a.weight")
-    rank = q_a[1] if q_a else x.ne[0]
-    return b.linear(b.norm(b.linear(x, rank)), n_q)
 
 
 def _deepseek_attn(b: Builder, il: int, x: Tensor) -> Tensor:
@@ -29,7 +18,7 @@ def _deepseek_attn(b: Builder, il: int, x: Tensor) -> Tensor:
     hq = d.n_head[il]
     lora, rope = d.mla_kv_lora, d.mla_rope
     nope = d.mla_head_k - rope
-    q = _deepseek_q(b, il, x, d.mla_head_k)  # viewed as [mla_head_k, n_head, n_tokens]
+    q = mla_q(b, il, x, d.n_head[il] * d.mla_head_k)  # viewed as [mla_head_k, n_head, n_tokens]
     kv_pe = b.linear(x, lora + rope)
     kv_cmpr = g.view(kv_pe, (lora, n_tok), (kv_pe.nb[1],))
     k_pe = b.rope(g.view(kv_pe, (rope, 1, n_tok), (kv_pe.nb[1], kv_pe.nb[1])))
@@ -41,15 +30,7 @@ def _deepseek_attn(b: Builder, il: int, x: Tensor) -> Tensor:
     q_cur = g.concat(absorbed, q_pe, 0)
     v_cur = g.reshape(kv_cmpr, lora, 1, n_tok)
     k_cur = g.concat(v_cur, k_pe, 0)
-    for t in (q_cur, v_cur, k_cur):
-        g.expand(t)
-    inp = b.kv_inputs(False)
-    kc = g.cache(d.type_k, lora + rope, inp.n_kv, d.n_stream)
-    g.expand(b.store_k(kc, k_cur, inp.k_idxs))
-    k, _ = b.cache_views(il, kc, kc, inp.n_kv)
-    v = g.view(k, (lora, k.ne[1], k.ne[2], k.ne[3]), (k.nb[1], k.nb[2], k.nb[3]))
-    v_mla = g.weight(lora, d.mla_head_v, hq)
-    cur = b.attn_mha(q_cur, k, v, inp.mask, v_mla=v_mla)
+    cur = mla_attn(b, il, (q_cur, k_cur, v_cur), b.kv_inputs(False))
     return b.linear(cur, d.n_embd)
 
 
@@ -61,7 +42,7 @@ def _deepseek_attn_mha(b: Builder, il: int, x: Tensor) -> Tensor:
     hq = d.n_head[il]
     lora, rope, head_k, head_v = d.mla_kv_lora, d.mla_rope, d.head_k, d.head_v
     nope = head_k - rope
-    q = g.reshape(_deepseek_q(b, il, x, head_k), head_k, hq, n_tok)
+    q = g.reshape(mla_q(b, il, x, hq * head_k), head_k, hq, n_tok)
     kv_pe = b.linear(x, lora + rope)
     kv_cmpr = b.norm(g.view(kv_pe, (lora, n_tok), (kv_pe.nb[1],)))
     k_pe = b.rope(g.view(kv_pe, (rope, 1, n_tok), (kv_pe.nb[1], kv_pe.nb[1])))
