@@ -77,16 +77,22 @@ def moe_ffn(b: Builder, x: Tensor, il: int, m: Moe, *, logits: Tensor | None = N
     if m.biases:
         experts = g.op("add_id", experts, g.expert_weight(x.ne[0], d.n_expert), topk)
     experts = experts if m.weight_before else g.op("mul", experts, weights)
+    return sum_experts(b, experts)
+
+
+def sum_experts(b: Builder, experts: Tensor) -> Tensor:
+    """build_moe_ffn's sum of the weighted expert outputs [width, n_expert_used, n_tokens]:
+    one view per used expert, added in turn (a single expert's view made contiguous)."""
+    g = b.g
+    width, n_used, n_tok = experts.ne[0], experts.ne[1], experts.ne[2]
     g.expand(experts)
-    views = [g.view(experts, (x.ne[0], n_tok), (experts.nb[2],)) for _ in range(n_used)]
+    views = [g.view(experts, (width, n_tok), (experts.nb[2],)) for _ in range(n_used)]
     for v in views:
         g.expand(v)
     out = views[0]
     for v in views[1:]:
         out = g.expand(g.op("add", out, v))
-    if n_used == 1:
-        out = g.cont(out)
-    return out
+    return g.cont(out) if n_used == 1 else out
 
 
 def _route(b: Builder, x: Tensor, m: Moe, logits: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -135,7 +141,7 @@ def _moe_gateless(
     """moe_ffn's experts without a gate: up (times its per-expert scales), the activation
     alone, down (scaled), weighted, the experts' rows summed. `cur`: [n_embd, 1, n_tokens]."""
     g, d = b.g, b.d
-    n_embd, n_tok, n_used = cur.ne[0], cur.ne[2], d.n_expert_used
+    n_embd = cur.ne[0]
     up = g.mul_mat_id(g.expert_weight(n_embd, n_ff_exp, d.n_expert), cur, topk)
     if m.scaled:
         up = _expert_scaled(b, up, topk)
@@ -146,14 +152,7 @@ def _moe_gateless(
     if m.scaled:
         experts = _expert_scaled(b, experts, topk)
     experts = g.op("mul", experts, weights)
-    g.expand(experts)
-    views = [g.view(experts, (n_embd, n_tok), (experts.nb[2],)) for _ in range(n_used)]
-    for v in views:
-        g.expand(v)
-    out = views[0]
-    for v in views[1:]:
-        out = g.expand(g.op("add", out, v))
-    return g.cont(out) if n_used == 1 else out
+    return sum_experts(b, experts)
 
 
 def ffn_no_gate(b: Builder, il: int, x: Tensor) -> Tensor:

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 from qmgui.core.ggml.tensor import Tensor
 from qmgui.core.graph.builder import Builder
+from qmgui.core.graph.ffn import sum_experts
 from qmgui.core.graph.kda import kda_layer, mla_nope_attn
 from qmgui.core.models.family import Family
 
@@ -60,15 +61,7 @@ def _latent_moe(b: Builder, il: int, x: Tensor) -> Tensor:
     act = _situ(b, gate, up)
     experts = g.mul_mat_id(g.expert_weight(n_ff_exp, n_lat, n_exp), act, topk)
     experts = g.op("mul", experts, weights)
-    g.expand(experts)
-    views = [g.view(experts, (n_lat, n_tok), (experts.nb[2],)) for _ in range(n_used)]
-    for v in views:
-        g.expand(v)
-    out = views[0]
-    for v in views[1:]:
-        out = g.expand(g.op("add", out, v))
-    if n_used == 1:
-        out = g.cont(out)
+    out = sum_experts(b, experts)
     if d.has(pre + "ffn_routed_norm.weight"):
         out = b.norm(out)
     if d.has(pre + "ffn_routed_up.weight"):

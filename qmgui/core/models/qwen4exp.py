@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from qmgui.core.ggml.tensor import Tensor
 from qmgui.core.graph.builder import Builder
+from qmgui.core.graph.ffn import sum_experts
 from qmgui.core.graph.kpool import KpoolInputs, fill, kpool_inputs, scatter_mask
 from qmgui.core.models.family import Family
 
@@ -291,15 +292,7 @@ def _moe(b: Builder, x: Tensor, il: int) -> Tensor:
         act = g.op("swiglu", scaled(gt, "ffn_gate_exps"), up)
     experts = g.mul_mat_id(g.expert_weight(n_ff, n_embd, n_exp), act, topk)
     experts = g.op("mul", scaled(experts, "ffn_down_exps"), weights)
-    g.expand(experts)
-    views = [g.view(experts, (n_embd, n_tok), (experts.nb[2],)) for _ in range(n_used)]
-    for v in views:
-        g.expand(v)
-    out = views[0]
-    for v in views[1:]:
-        out = g.expand(g.op("add", out, v))
-    if n_used == 1:
-        out = g.cont(out)
+    out = sum_experts(b, experts)
     shexp = d.shape(pre + "ffn_up_shexp.weight")
     if shexp is None:
         return out
