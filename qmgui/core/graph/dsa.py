@@ -162,6 +162,28 @@ def mla_absorbed(
     return q_cur, k_cur, v_cur
 
 
+def top_k_mask(b: Builder, mask: Tensor, top_k: Tensor, *, zeros_type: str = "f32") -> Tensor:
+    """The KQ mask of sparse attention (llama-graph.cpp's DSA path; deepseek4.cpp's
+    build_top_k_mask, whose zeros take the mask's type under flash attention): the mask
+    refilled with -inf, the top-k cells zeroed from a zero-filled tensor, the mask added."""
+    g = b.g
+    full = g.op("fill", mask)
+    rows = g.view(
+        full, (1, full.ne[0], full.ne[1], full.ne[3]), (full.nb[0], full.nb[1], full.nb[2])
+    )
+    top3 = g.view(
+        top_k,
+        (top_k.ne[0], top_k.ne[1], top_k.ne[3], 1),
+        (top_k.nb[1], top_k.nb[2], top_k.ne[3] * top_k.nb[3]),
+    )
+    zeros = g.op("fill", g.input(zeros_type, 1, top3.ne[0], top3.ne[1], top3.ne[2]))
+    kept = g.set_rows(rows, zeros, top3)
+    kept = g.view(
+        kept, (kept.ne[1], kept.ne[2], 1, kept.ne[3]), (kept.nb[2], kept.nb[3], kept.nb[3])
+    )
+    return g.op("add", kept, mask)
+
+
 def mla_attn(
     b: Builder,
     il: int,
@@ -184,23 +206,7 @@ def mla_attn(
     n_kv, ns = inp.n_kv, d.n_stream
     kc = g.cache(d.type_k, width, n_kv, ns)
     g.expand(b.store_k(kc, k_cur, inp.k_idxs))
-    mask = inp.mask
-    if top_k is not None:
-        full = g.op("fill", mask)
-        rows = g.view(
-            full, (1, full.ne[0], full.ne[1], full.ne[3]), (full.nb[0], full.nb[1], full.nb[2])
-        )
-        top3 = g.view(
-            top_k,
-            (top_k.ne[0], top_k.ne[1], top_k.ne[3], 1),
-            (top_k.nb[1], top_k.nb[2], top_k.ne[3] * top_k.nb[3]),
-        )
-        zeros = g.op("fill", g.input("f32", 1, top3.ne[0], top3.ne[1], top3.ne[2]))
-        kept = g.set_rows(rows, zeros, top3)
-        kept = g.view(
-            kept, (kept.ne[1], kept.ne[2], 1, kept.ne[3]), (kept.nb[2], kept.nb[3], kept.nb[3])
-        )
-        mask = g.op("add", kept, mask)
+    mask = inp.mask if top_k is None else top_k_mask(b, inp.mask, top_k)
     tk = kc.type
     k = g.view(
         kc,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from qmgui.core.ggml.compile import CELLS, SYM_U
 from qmgui.core.ggml.tensor import Tensor, row_size
 from qmgui.core.graph.builder import Builder
+from qmgui.core.graph.dsa import top_k_mask
 from qmgui.core.graph.ffn import Moe, moe_ffn
 from qmgui.core.models.family import Family
 
@@ -189,28 +190,6 @@ def _compressor(b: Builder, x: Tensor, c: _Comp, head: int, *, overlap: bool) ->
     g.expand(g.set_rows(state_score, g.get_rows(score, c.persist_src), c.persist_dst))
 
 
-def _top_k_mask(b: Builder, mask: Tensor, top_k: Tensor) -> Tensor:
-    """build_top_k_mask: the mask refilled with -inf, the top-k cells zeroed (from a
-    zero-filled tensor of the mask's type with flash attention, else f32), the mask added."""
-    g = b.g
-    full = g.op("fill", mask)
-    rows = g.view(
-        full, (1, full.ne[0], full.ne[1], full.ne[3]), (full.nb[0], full.nb[1], full.nb[2])
-    )
-    top3 = g.view(
-        top_k,
-        (top_k.ne[0], top_k.ne[1], top_k.ne[3], 1),
-        (top_k.nb[1], top_k.nb[2], top_k.ne[3] * top_k.nb[3]),
-    )
-    ztype = "f16" if b.d.flash_attn else "f32"
-    zeros = g.op("fill", g.input(ztype, 1, top3.ne[0], top3.ne[1], top3.ne[2]))
-    kept = g.set_rows(rows, zeros, top3)
-    kept = g.view(
-        kept, (kept.ne[1], kept.ne[2], 1, kept.ne[3]), (kept.nb[2], kept.nb[3], kept.nb[3])
-    )
-    return g.op("add", kept, mask)
-
-
 def _lid_top_k(b: Builder, il: int, x: Tensor, qr: Tensor, inp: _Inputs) -> Tensor:
     """build_lid_top_k: indexer queries (roped, rotated), weights pre-scaled, scores over
     the indexer cache (fused lightning indexer), the top k made contiguous."""
@@ -269,7 +248,8 @@ def _attention(b: Builder, il: int, x: Tensor, inp: _Inputs) -> Tensor:
         c = inp.csa if ratio == CSA else inp.hca
         comp = _cache_view(b, g.cache(d.type_k, head, c.n_kv, s), c.n_kv)
         k = g.concat(k, comp, 2)
-        cmask = _top_k_mask(b, c.mask, top) if top is not None else c.mask
+        ztype = "f16" if d.flash_attn else "f32"  # build_top_k_mask: the mask's type
+        cmask = c.mask if top is None else top_k_mask(b, c.mask, top, zeros_type=ztype)
         mask = g.concat(mask, cmask, 0)
     out = b.attn_mha(q, k, k, mask, sinks=True)
     out = _rotated(b, out, inp.raw_rot)
