@@ -37,19 +37,8 @@ def mamba2_layer(b: Builder, il: int, x: Tensor) -> Tensor:
     cs = g.view(xbc, (d_state, n_group, n_t, n_seqs), (d_state * 4, xbc.nb[1], xbc.nb[2]))
     dt = g.op("add", g.cont(dt), g.weight(n_head))
 
-    def scan(states: Tensor, ids: Tensor) -> Tensor:
-        ssm = g.reshape(states, d_state, head_dim, n_head, states.ne[1])
-        n = xs.nelements + d_state * head_dim * n_head * ids.ne[0]
-        return Tensor(
-            "f32", (n,), op="ssm_scan", src=(ssm, xs, dt, g.weight(1, n_head), bs, cs, ids)
-        )
-
-    y_ssm = b.rs(d_state * d_inner, scan)
-    s_cache = g.cache("f32", d_state * d_inner, max(1, n_seqs))
-    g.expand(
-        g.cpy(
-            g.view(y_ssm, (d_state * d_inner, n_seqs)), g.view(s_cache, (d_state * d_inner, n_seqs))
-        )
+    y_ssm = selective_scan(
+        b, xs, dt, g.weight(1, n_head), (bs, cs), state=(d_state, head_dim, n_head)
     )
     y = g.view(y_ssm, (head_dim, n_head, n_t, n_seqs))
     y = g.op("add", y, g.op("mul", xs, g.weight(1, n_head)))
@@ -97,18 +86,40 @@ def mamba_layer(b: Builder, il: int, x: Tensor) -> Tensor:
     dt = b.linear(dt, d_inner, bias=True)
     x4 = g.reshape(xs, 1, d_inner, n_t, n_seqs)
 
-    def scan(states: Tensor, ids: Tensor) -> Tensor:
-        ssm = g.reshape(states, d_state, 1, d_inner, states.ne[1])
-        n = x4.nelements + d_state * d_inner * ids.ne[0]
-        return Tensor(
-            "f32", (n,), op="ssm_scan", src=(ssm, x4, dt, g.weight(d_state, d_inner), bs, cs, ids)
-        )
-
-    y_ssm = b.rs(d_state * d_inner, scan)
-    n_s = d_state * d_inner * n_seqs
-    s_cache = g.cache("f32", d_state * d_inner, max(1, n_seqs))
-    g.expand(g.cpy(g.view(y_ssm, (n_s,)), g.view(s_cache, (n_s,))))
+    a = g.weight(d_state, d_inner)
+    y_ssm = selective_scan(b, x4, dt, a, (bs, cs), state=(d_state, 1, d_inner))
     y = g.view(y_ssm, (d_inner, n_t, n_seqs))
     y = g.op("add", y, g.op("mul", xs, g.weight(d_inner)))
     y = g.op("swiglu", g.cont(z), y)
     return g.reshape(b.linear(y, d.n_embd), d.n_embd, n_t * n_seqs)
+
+
+def selective_scan(
+    b: Builder,
+    x: Tensor,
+    dt: Tensor,
+    a: Tensor,
+    bc: tuple[Tensor, Tensor],
+    *,
+    state: tuple[int, int, int],
+) -> Tensor:
+    """ggml_ssm_scan over the layer's recurrent states (build_rs hands it the sequences'
+    states), then the final states copied back into the state cache. `state`: one
+    sequence's state as (d_state, head_dim, n_head) (Mamba-1: head_dim 1, a head per
+    channel); `bc`: the B and C inputs. Returns the scan's output: y for every token, then
+    the states."""
+    g = b.g
+    bs, cs = bc
+    n_seqs = b.s.n_seqs
+    size = state[0] * state[1] * state[2]
+
+    def scan(states: Tensor, ids: Tensor) -> Tensor:
+        ssm = g.reshape(states, *state, states.ne[1])
+        n = x.nelements + size * ids.ne[0]
+        return Tensor("f32", (n,), op="ssm_scan", src=(ssm, x, dt, a, bs, cs, ids))
+
+    y_ssm = b.rs(size, scan)
+    s_cache = g.cache("f32", size, max(1, n_seqs))
+    n_s = size * n_seqs
+    g.expand(g.cpy(g.view(y_ssm, (n_s,)), g.view(s_cache, (n_s,))))
+    return y_ssm

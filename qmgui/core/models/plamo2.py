@@ -6,6 +6,7 @@ from qmgui.core.ggml.tensor import Tensor
 from qmgui.core.graph.attention import build_qkv
 from qmgui.core.graph.builder import Builder
 from qmgui.core.graph.ffn import ffn_no_gate
+from qmgui.core.graph.ssm import selective_scan
 from qmgui.core.models.family import Family
 
 
@@ -73,17 +74,9 @@ def _mamba(b: Builder, il: int, x: Tensor) -> Tensor:
     bs = g.view(bs, (d_state, 1, n_t, n_seqs), (d_state * 4, bs.nb[1], bs.nb[2]))
     cs = g.view(cs, (d_state, 1, n_t, n_seqs), (d_state * 4, cs.nb[1], cs.nb[2]))
 
-    def scan(states: Tensor, ids: Tensor) -> Tensor:
-        ssm = g.reshape(states, d_state, head_dim, n_head, states.ne[1])
-        n = x4.nelements + d_state * head_dim * n_head * ids.ne[0]
-        return Tensor(
-            "f32", (n,), op="ssm_scan", src=(ssm, x4, dt, g.weight(1, n_head), bs, cs, ids)
-        )
-
-    y_ssm = b.rs(d_state * d_inner, scan)
-    s_cache = g.cache("f32", d_state * d_inner, max(1, n_seqs))
-    n_state = d_state * d_inner * n_seqs
-    g.expand(g.cpy(g.view(y_ssm, (n_state,)), g.view(s_cache, (n_state,))))
+    y_ssm = selective_scan(
+        b, x4, dt, g.weight(1, n_head), (bs, cs), state=(d_state, head_dim, n_head)
+    )
     y = g.view(y_ssm, (head_dim, n_head, n_t, n_seqs))
     y = g.op("add", y, g.op("mul", x4, g.weight(1, n_head)))
     y = g.op("swiglu", g.cont(z), y)
