@@ -85,17 +85,32 @@ def gdn_layer(b: Builder, il: int, x: Tensor) -> Tensor:
             n_t,
             n_seqs,
         )
-    gdn = Tensor(
-        "f32",
-        (head_v * num_v, n_t * n_seqs + head_v * n_seqs),
-        op="gated_delta_net",
-        src=(q, k, v, decay, beta, state),
-    )
-    out = g.view(gdn, (head_v, num_v, n_t, n_seqs))
-    new_state = g.view(gdn, (head_v, head_v, num_v, n_seqs))
-    s_cache = g.cache("f32", head_v * head_v * num_v, max(1, n_seqs))
-    g.expand(g.cpy(new_state, g.view(s_cache, (head_v * head_v * num_v, n_seqs))))
+    out = gated_delta_net(b, (q, k, v), decay, beta, state)
     gate = g.op("unary", g.reshape(z, head_v, num_v, n_t, n_seqs))
     normed = g.op("mul", b.norm(out), gate)
     cur = b.linear(g.reshape(normed, head_v * num_v, n_t, n_seqs), d.n_embd)
     return g.reshape(cur, d.n_embd, n_t * n_seqs)
+
+
+def gated_delta_net(
+    b: Builder, qkv: tuple[Tensor, Tensor, Tensor], decay: Tensor, beta: Tensor, state: Tensor
+) -> Tensor:
+    """ggml_gated_delta_net over the layer's state, the new state stored back into the state
+    cache; returns the output rows [head_v, n_v_heads, tokens, sequences] (a view of the
+    op's result, which holds them and then the states). V: [head_v, n_v_heads, tokens,
+    sequences]."""
+    g = b.g
+    v = qkv[2]
+    head_v, num_v, n_t, n_seqs = v.ne[0], v.ne[1], v.ne[2], v.ne[3]
+    gdn = Tensor(
+        "f32",
+        (head_v * num_v, n_t * n_seqs + head_v * n_seqs),
+        op="gated_delta_net",
+        src=(*qkv, decay, beta, state),
+    )
+    out = g.view(gdn, (head_v, num_v, n_t, n_seqs))
+    new_state = g.view(gdn, (head_v, head_v, num_v, n_seqs))
+    n_s = head_v * head_v * num_v
+    s_cache = g.cache("f32", n_s, max(1, n_seqs))
+    g.expand(g.cpy(new_state, g.view(s_cache, (n_s, n_seqs))))
+    return out

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from qmgui.core.ggml.tensor import Tensor, row_size
 from qmgui.core.graph.builder import Builder
+from qmgui.core.graph.delta_net import gated_delta_net
 from qmgui.core.graph.dsa import mla_attn, mla_q
 
 
@@ -112,16 +113,7 @@ def kda_layer(b: Builder, il: int, x: Tensor, *, full_gate: bool = False) -> Ten
     q, kk, v = (_conv_out(b, k, c) for c in convs)
     q = g.op("scale", g.op("rms_norm", q))
     kk = g.op("scale", g.op("rms_norm", kk))
-    gdn = Tensor(
-        "f32",
-        (k.d_inner, n_t * n_seqs + k.head_dim * n_seqs),
-        op="gated_delta_net",
-        src=(q, kk, v, g1, beta, state),
-    )
-    out = g.view(gdn, (k.head_dim, k.n_head, n_t, n_seqs))
-    new_state = g.view(gdn, (k.head_dim, k.head_dim, k.n_head, n_seqs))
-    s_cache = g.cache("f32", n_s, max(1, n_seqs))
-    g.expand(g.cpy(new_state, g.view(s_cache, (n_s * n_seqs,))))
+    out = gated_delta_net(b, (q, kk, v), g1, beta, state)
     out = g.cont(out)
     x2 = g.reshape(g.reshape(x, x.ne[0], n_t, n_seqs), x.ne[0], n_tok)  # cur_3d, cur_2d
     g_in = x2 if full_gate else b.linear(x2, k.head_dim)  # K3: one full-rank gate

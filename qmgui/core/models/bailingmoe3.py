@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from qmgui.core.ggml.tensor import Tensor, row_size
 from qmgui.core.graph.builder import Builder
+from qmgui.core.graph.delta_net import gated_delta_net
 from qmgui.core.graph.dsa import mla_attn, mla_q
 from qmgui.core.graph.ffn import Moe, moe_ffn
 from qmgui.core.models.family import Family
@@ -73,16 +74,7 @@ def _kda_layer(b: Builder, il: int, x: Tensor) -> Tensor:
     beta = g.op("unary", g.reshape(b.linear(x, n_head), 1, n_head, n_t, n_seqs))
     q, k = _l2(b, q), _l2(b, k)
     state = g.reshape(b.rs(head * head * n_head), head, head, n_head, n_seqs)
-    gdn = Tensor(
-        "f32",
-        (head * n_head, n_t * n_seqs + head * n_seqs),
-        op="gated_delta_net",
-        src=(q, k, v, gate, beta, state),
-    )
-    out = g.view(gdn, (head, n_head, n_t, n_seqs))
-    new_state = g.view(gdn, (head, head, n_head, n_seqs))
-    s_cache = g.cache("f32", head * head * n_head, max(1, n_seqs))
-    g.expand(g.cpy(new_state, g.view(s_cache, (head * head * n_head, n_seqs))))
+    out = gated_delta_net(b, (q, k, v), gate, beta, state)
     out = g.reshape(g.cont(out), head, n_head, n_tok)
     out = b.norm(out)
     out_gate = g.reshape(b.linear(x, d_inner), head, n_head, n_tok)

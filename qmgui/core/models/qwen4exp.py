@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from qmgui.core.ggml.tensor import Tensor
 from qmgui.core.graph.builder import Builder
+from qmgui.core.graph.delta_net import gated_delta_net
 from qmgui.core.graph.ffn import sum_experts
 from qmgui.core.graph.kpool import KpoolInputs, fill, kpool_inputs, scatter_mask
 from qmgui.core.models.family import Family
@@ -150,16 +151,7 @@ def _linear_attn(b: Builder, il: int, x: Tensor) -> Tensor:
     v = g.view(conv, (head, num_v, n_t, n_seqs), (head * 4, *cs))
     q = g.op("scale", g.op("rms_norm", q))
     k = g.op("scale", g.op("rms_norm", k))
-    gdn = Tensor(
-        "f32",
-        (head * num_v, n_t * n_seqs + head * n_seqs),
-        op="gated_delta_net",
-        src=(q, k, v, decay, beta, state),
-    )
-    out = g.view(gdn, (head, num_v, n_t, n_seqs))
-    new_state = g.view(gdn, (head, head, num_v, n_seqs))
-    s_cache = g.cache("f32", head * head * num_v, max(1, n_seqs))
-    g.expand(g.cpy(new_state, g.view(s_cache, (head * head * num_v, n_seqs))))
+    out = gated_delta_net(b, (q, k, v), decay, beta, state)
     gate = g.op("unary", g.reshape(z, head, num_v, n_t, n_seqs))
     normed = g.op("mul", b.norm(out), gate)
     cur = _mm(b, g.reshape(normed, head * num_v, n_t, n_seqs), d.n_embd, pre + "ssm_out")
