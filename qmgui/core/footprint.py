@@ -26,6 +26,7 @@ from qmgui.core.bounds import Bound, compute_bound, compute_bound_why, projector
 from qmgui.core.compute import MIXED_BATCH_BUILD, compute_buffer_bytes, is_embedding
 from qmgui.core.errors import SizingError
 from qmgui.core.gguf_tables import GGML_SIZES_BY_NAME
+from qmgui.core.graph.dims import swa_cells
 from qmgui.core.launch import LaunchSettings, Resolved, pad, resolve, row_bytes
 from qmgui.core.meta import DSV4_CSA_RATIO, DSV4_HCA_RATIO, ModelMeta, TensorEntry
 from qmgui.core.repack import (
@@ -468,11 +469,9 @@ def kv_layers(meta: ModelMeta) -> list[int]:
 
 def kv_cells(meta: ModelMeta, r: Resolved, il: int) -> int:
     """Cells of layer il's cache (per stream)."""
-    base = r.n_ctx_seq
-    if meta.swa_layers and meta.swa_layers[il] and meta.sliding_window and not r.swa_full:
-        seqs = r.n_seq if r.kv_unified else 1
-        return pad(min(base, meta.sliding_window * seqs + r.n_ubatch), 256)
-    return base
+    if meta.swa_layers and il < len(meta.swa_layers) and meta.swa_layers[il]:
+        return swa_cells(meta, r)
+    return r.n_ctx_seq
 
 
 def _head_dims(meta: ModelMeta) -> tuple[int, int]:
@@ -525,7 +524,7 @@ def _dsv4_kv_bytes(meta: ModelMeta, r: Resolved) -> dict[int, int]:
     The compressor states beside them are separate buffers, not counted here."""
     n_stream = r.n_seq
     base = r.n_ctx_seq
-    swa = base if r.swa_full else pad(min(base, (meta.sliding_window or 0) + r.n_ubatch), 256)
+    swa = swa_cells(meta, r)  # used where a layer slides (a sliding window is set)
     hk = meta.head_dim_k or 0
     out: dict[int, int] = {}
     for il in kv_layers(meta):
