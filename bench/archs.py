@@ -82,6 +82,19 @@ def build_dir(build: int) -> Path:
     return CACHE / f"llama-b{build}-cpu"
 
 
+def write_models(archs_exe: str | Path, folder: Path, timeout_s: float = 600) -> dict[str, Path]:
+    """The models a build's `test-llama-archs` writes into `folder`, by file stem."""
+    import subprocess
+
+    subprocess.run([str(archs_exe), "-o", str(folder)], check=True, timeout=timeout_s,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    return read_folder(folder)
+
+
+def read_folder(folder: Path) -> dict[str, Path]:
+    return {p.stem: p for p in sorted(folder.glob("*.gguf"))}
+
+
 def read_meta(path: Path) -> tuple[ModelMeta | None, str]:
     try:
         return meta_from_gguf(read_gguf_header(path), file_name=path.name), ""
@@ -221,13 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.exit(f"{exe} not found: run scripts/build-llama {build_no}, or give its path")
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="qmgui-archs-") as tmp:
-        folder = a.models or Path(tmp)
-        if a.models is None:
-            import subprocess
-
-            subprocess.run([a.archs_exe, "-o", str(folder)], check=True, timeout=600,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        models = {p.stem: p for p in sorted(folder.glob("*.gguf"))}
+        models = read_folder(a.models) if a.models else write_models(a.archs_exe, Path(tmp))
         if a.only:
             models = {n: p for n, p in models.items() if n in a.only}
         build = engine_build(a.binary)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -31,7 +30,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.accuracy import Case, Setting, engine_build, engine_version, run_case, setting  # noqa: E402
-from bench.archs import BUILD_DIR, SETTINGS, read_meta  # noqa: E402
+from bench.archs import BUILD_DIR, SETTINGS, read_meta, write_models  # noqa: E402
 from qmgui.core.errors import EngineError  # noqa: E402
 from qmgui.core.gguf_header import header_to_data, read_gguf_header  # noqa: E402
 
@@ -90,10 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="qmgui-bounds-") as tmp:
-        folder = Path(tmp)
-        subprocess.run([a.archs_exe, "-o", str(folder)], check=True, timeout=600,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        models = {p.stem: p for p in sorted(folder.glob("*.gguf"))}
+        models = write_models(a.archs_exe, Path(tmp))
         rows = run(models, a.binary, (*SETTINGS, *LONG), jobs=a.jobs, timeout_s=a.timeout,
                    build=engine_build(a.binary))  # fmt: skip
         headers = {}

@@ -8,13 +8,12 @@ the test engine or its `test-llama-archs` is not here (scripts/build-llama 10435
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from bench.accuracy import engine_build
-from bench.archs import run, status
+from bench.archs import run, status, write_models
 
 # one per family the sizing core lays out apart, the hybrids, latent and sparse attention,
 # and the diffusion models (no KV cache)
@@ -49,12 +48,8 @@ def _engine() -> tuple[Path, Path]:
 @pytest.fixture(scope="module")
 def archs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Path]]:
     server, exe = _engine()
-    folder = tmp_path_factory.mktemp("archs10")
-    subprocess.run(
-        [str(exe), "-o", str(folder)],
-        check=True, timeout=300, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    return server, {p.stem: p for p in folder.glob("*.gguf") if p.stem in SAMPLE}
+    models = write_models(exe, tmp_path_factory.mktemp("archs10"), timeout_s=300)
+    return server, {n: p for n, p in models.items() if n in SAMPLE}
 
 
 def test_the_sample_is_sized_as_the_test_engine_allocates(

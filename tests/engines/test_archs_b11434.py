@@ -6,13 +6,12 @@ the reason when b11434 is not here (scripts/build-llama 11434 --all)."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from bench.accuracy import engine_build
-from bench.archs import run, status
+from bench.archs import run, status, write_models
 from tests.b11434 import need_b11434
 
 # one per family the sizing core models separately, and the hybrids and cache kinds that
@@ -31,12 +30,9 @@ SAMPLE = (
 @pytest.fixture(scope="module")
 def archs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Path]]:
     server = need_b11434()
-    folder = tmp_path_factory.mktemp("archs")
-    subprocess.run(
-        [str(server.with_name("test-llama-archs")), "-o", str(folder)],
-        check=True, timeout=300, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    return server, {p.stem: p for p in folder.glob("*.gguf") if p.stem in SAMPLE}
+    exe = server.with_name("test-llama-archs")
+    models = write_models(exe, tmp_path_factory.mktemp("archs"), timeout_s=300)
+    return server, {n: p for n, p in models.items() if n in SAMPLE}
 
 
 def test_the_sample_is_sized_as_b11434_allocates(archs: tuple[Path, dict[str, Path]]) -> None:
