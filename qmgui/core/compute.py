@@ -48,7 +48,15 @@ from dataclasses import fields, replace
 
 from qmgui.core.errors import SizingError
 from qmgui.core.ggml.alloc import peak_bytes
-from qmgui.core.ggml.compile import CELLS, SYM_U, SYM_V, Program, compile_walk
+from qmgui.core.ggml.compile import (
+    CELLS,
+    SYM_U,
+    SYM_V,
+    NotAffine,
+    Program,
+    compile_walk,
+    same_graph,
+)
 from qmgui.core.ggml.graph import Graph
 from qmgui.core.graph.builder import Build, Builder
 from qmgui.core.graph.dims import CACHE_KEPT, Dims, Shape, dims, replay_layers, swa_cells
@@ -281,13 +289,40 @@ def _reserve_bytes_plain(meta: ModelMeta, r: Resolved, build: Build, embeddings:
 
 def _program(meta: ModelMeta, build: Build, d: Dims, shape: Shape) -> Program | None:
     """Compile one graph's walk (None where a context could change more than sizes)."""
-    u, v = d.n_kv // CELLS, d.n_kv_swa // CELLS
     with GRAPHS_LOCK:
-        real = built(meta, build, d, shape)
-        sym = built(meta, build, replace(d, n_kv=CELLS * SYM_U, n_kv_swa=CELLS * SYM_V), shape)
-        real.restore()
+        sym = verified(meta, build, d, shape)
+        if sym is None:
+            return None
         sym.restore()
-        return compile_walk(real.g, sym.g, u, v)
+        return compile_walk(sym.g)
+
+
+def verified(meta: ModelMeta, build: Build, d: Dims, shape: Shape) -> KeptGraph | None:
+    """`build`'s graph over `d` and `shape` with the cells as symbols, if it is the graph
+    built at d's cells (ggml.compile.same_graph): then it stands for every context, for the
+    CPU's walk here and the scheduler's (core.sched). None if not. Checked once per
+    structure (the verdict kept apart from the graphs, which _BUILT may drop). Call with
+    GRAPHS_LOCK held, and restore() before walking it."""
+    d_sym = replace(d, n_kv=CELLS * SYM_U, n_kv_swa=CELLS * SYM_V)
+    key = _built_key(meta, build, d_sym, shape)
+    hit = _VERIFIED.get(key)
+    if hit is not None and hit[0] is meta and not hit[1]:
+        return None
+    sym = built(meta, build, d_sym, shape)
+    if hit is None or hit[0] is not meta:
+        real = built(meta, build, d, shape)
+        sym.restore()
+        real.restore()
+        try:
+            ok = same_graph(sym.g, real.g, d.n_kv // CELLS, d.n_kv_swa // CELLS)
+        except NotAffine:
+            ok = False
+        if len(_VERIFIED) >= 16 * CACHE_KEPT:
+            _VERIFIED.clear()
+        _VERIFIED[key] = (meta, ok)
+        if not ok:
+            return None
+    return sym
 
 
 class KeptGraph:
@@ -322,13 +357,7 @@ _DIMS_HASHED = tuple(f.name for f in fields(Dims) if f.name != "shapes")  # shap
 def built(meta: ModelMeta, build: Build, d: Dims, shape: Shape) -> KeptGraph:
     """`build`'s graph over `d` and `shape`, built once (see _BUILT). Call with GRAPHS_LOCK
     held, and restore() before walking it."""
-    key = (
-        id(meta),
-        build,
-        shape,
-        tuple(sorted(d.shapes.items())),
-        *(getattr(d, name) for name in _DIMS_HASHED),
-    )
+    key = _built_key(meta, build, d, shape)
     hit = _BUILT.get(key)
     if hit is not None and hit[0] is meta:
         return hit[1]
@@ -341,6 +370,18 @@ def built(meta: ModelMeta, build: Build, d: Dims, shape: Shape) -> KeptGraph:
     return kept
 
 
+def _built_key(meta: ModelMeta, build: Build, d: Dims, shape: Shape) -> tuple[object, ...]:
+    return (
+        id(meta),
+        build,
+        shape,
+        tuple(sorted(d.shapes.items())),
+        *(getattr(d, name) for name in _DIMS_HASHED),
+    )
+
+
+# per symbolic graph (its _BUILT key): whether it is the real graph (verified)
+_VERIFIED: dict[tuple[object, ...], tuple[ModelMeta, bool]] = {}
 _PROGRAMS: dict[tuple[object, ...], tuple[ModelMeta, Program | None]] = {}
 
 

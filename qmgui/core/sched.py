@@ -58,6 +58,7 @@ from qmgui.core.compute import (
     check_graph_size,
     graph_fault,
     is_embedding,
+    verified,
 )
 from qmgui.core.errors import SizingError
 from qmgui.core.ggml.alloc import Arena, same_layout
@@ -969,24 +970,18 @@ def _sym_graph(
     not compare anything that grows with the cells. Called with GRAPHS_LOCK held; the
     replayed layers' graphs are core.compute's (compute.built)."""
     d = replace(dims(meta, r, embeddings), layers=layers)
-    d_sym = replace(d, n_kv=CELLS * SYM_U, n_kv_swa=CELLS * SYM_V)
     base = replay_layers(meta)
     if layers == base:
-        sym, real = built(meta, build, d_sym, shape), built(meta, build, d, shape)
-        sym.restore()
-        real.restore()
-        try:
-            if not _same_graph(sym.g, real.g, d.n_kv // CELLS, d.n_kv_swa // CELLS):
-                return None
-        except NotAffine:
+        sym = verified(meta, build, d, shape)
+        if sym is None:
             return None
     else:
         # an offload's layers (_layers) are runs of the base's layers: each of them is built
         # as a layer of the same signature in the base graph is, so the base graph standing
-        # for every context (checked once, on graphs core.compute keeps) stands for this one
+        # for every context (checked once per structure: compute.verified) stands for this one
         if _sym_graph(meta, r, build, embeddings=embeddings, layers=base, shape=shape) is None:
             return None
-        b_sym = Builder(d_sym, shape)
+        b_sym = Builder(replace(d, n_kv=CELLS * SYM_U, n_kv_swa=CELLS * SYM_V), shape)
         build(b_sym)
         sym = KeptGraph(b_sym.g)
     for t in sym.g.nodes:
@@ -1004,54 +999,3 @@ def _sym_graph(
 def _small(x: int) -> bool:
     """Free of the symbols: a value every context shares."""
     return -COEF_MAX < x < COEF_MAX
-
-
-def _same_graph(sym: Graph, real: Graph, u: int, v: int) -> bool:
-    """Whether `real` is `sym` at u, v: the same tensors in the same order with the same ops,
-    types, flags, sources and views, and every shape and stride of `sym` evaluating to
-    `real`'s (shapes that grow: never below 1 at any context)."""
-    if len(sym.leafs) != len(real.leafs) or len(sym.nodes) != len(real.nodes):
-        return False
-    xs, ys = sym.leafs + sym.nodes, real.leafs + real.nodes
-    # each of sym's tensors to real's at the same place: a source or view matches when it is
-    # its counterpart (a graph holds each tensor once)
-    twin = {id(x): y for x, y in zip(xs, ys, strict=True)}
-    get = twin.get
-    for x, y in zip(xs, ys, strict=True):
-        if (
-            x.op != y.op
-            or x.type != y.type
-            or x.external != y.external
-            or x.is_weight != y.is_weight
-            or x.is_output != y.is_output
-            or x.layer != y.layer
-            or x.expert != y.expert
-        ):
-            return False
-        x_src, y_src = x.src, y.src
-        if len(x_src) != len(y_src):
-            return False
-        for a, b in zip(x_src, y_src, strict=True):
-            if get(id(a)) is not b:
-                return False
-        xv, yv = x.view_src, y.view_src
-        if (xv is None) != (yv is None) or (xv is not None and get(id(xv)) is not yv):
-            return False
-        if not (x.ne == y.ne or _evaluates(x.ne, y.ne, u, v, grows=True)):
-            return False
-        if not (x.nb == y.nb or _evaluates(x.nb, y.nb, u, v, grows=False)):
-            return False
-    return True
-
-
-def _evaluates(sym: Sequence[int], real: Sequence[int], u: int, v: int, *, grows: bool) -> bool:
-    """Whether the symbolic values `sym` are `real` at u, v (growing ones: never below 1)."""
-    for p, q in zip(sym, real, strict=True):
-        if p == q:
-            continue
-        c, a, b = affine(p)
-        if c + a * u + b * v != q:
-            return False
-        if grows and (a < 0 or b < 0 or c + a + b < 1):
-            return False
-    return True

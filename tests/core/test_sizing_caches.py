@@ -29,6 +29,7 @@ def _forget() -> None:
         compute._PROGRAMS,
         compute._BYTES_CACHE,
         compute._BUILT,
+        compute._VERIFIED,
         dims._REPLAY_CACHE,
         sched._PROGRAMS,
         sched._GRAPHS,
