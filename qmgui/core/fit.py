@@ -239,24 +239,18 @@ def _max_context(
     def fits_at(k: int) -> bool:
         return _fits(meta, at(k), budget, mmproj)
 
-    high = estimate(meta, at(top), budget.gpus, rules=budget.rules, mmproj=mmproj)
-    extra = {d.name: d.compute for d in high.devices}
+    extra: dict[str, int] = {}
 
     def cheap_fits(k: int) -> bool:
         fp = estimate(meta, at(k), budget.gpus, compute=False, rules=budget.rules, mmproj=mmproj)
         return _within(fp, at(k), budget, extra)
 
-    guess = largest(1, top, cheap_fits) or 1
-    if fits_at(guess):
-        best: int | None = guess
-        step = 1
-        while best is not None and best + step <= top and fits_at(best + step):
-            best += step
-            step *= 2
-        if best is not None and best < top:
-            best = largest(best, min(best + step, top), fits_at)
+    if not cheap_fits(1):  # over a limit without any compute buffer: no context fits
+        best: int | None = None
     else:
-        best = largest(1, guess - 1, fits_at)
+        high = estimate(meta, at(top), budget.gpus, rules=budget.rules, mmproj=mmproj)
+        extra.update((d.name, d.compute) for d in high.devices)
+        best = _context_from_guess(largest(1, top, cheap_fits) or 1, top, fits_at)
     if best is None:
         smallest = check(meta, at(1), budget, mmproj=mmproj)
         nearest = _nearest_offload(meta, at(1), budget, mmproj)
@@ -266,6 +260,17 @@ def _max_context(
             nearest=nearest,
         )
     return check(meta, at(best), budget, mmproj=mmproj)
+
+
+def _context_from_guess(guess: int, top: int, fits_at: Callable[[int], bool]) -> int | None:
+    """The largest k in [1, top] with fits_at(k), galloping from `guess` (fits_at monotone)."""
+    if not fits_at(guess):
+        return largest(1, guess - 1, fits_at)
+    best, step = guess, 1
+    while best + step <= top and fits_at(best + step):
+        best += step
+        step *= 2
+    return largest(best, min(best + step, top), fits_at) if best < top else best
 
 
 def _within(fp: Footprint, settings: LaunchSettings, budget: Budget, extra: dict[str, int]) -> bool:
@@ -307,14 +312,17 @@ def _largest_sized(
             known[n] = _fits(meta, cand(n), budget, mmproj)
         return known[n]
 
-    top = estimate(meta, cand(hi), budget.gpus, rules=budget.rules, mmproj=mmproj)
-    extra = {d.name: d.compute for d in top.devices}
+    extra: dict[str, int] = {}
 
     def cheap_ok(n: int) -> bool:
         s = cand(n)
         fp = estimate(meta, s, budget.gpus, compute=False, rules=budget.rules, mmproj=mmproj)
         return _within(fp, s, budget, extra)
 
+    if not cheap_ok(lo):  # over a limit without any compute buffer: nothing fits
+        return None
+    top = estimate(meta, cand(hi), budget.gpus, rules=budget.rules, mmproj=mmproj)
+    extra.update((d.name, d.compute) for d in top.devices)
     guess = largest(lo, hi, cheap_ok)
     x, step = (lo if guess is None else guess), 1
     if ok(x):  # the answer is x or above: up until a candidate fails
