@@ -42,8 +42,11 @@ SizingError, and the plan charges an upper bound instead (core.bounds.compute_bo
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import fields, replace
 
 from qmgui.core.errors import SizingError
@@ -110,8 +113,26 @@ def _reserve_shapes(r: Resolved, embeddings: bool) -> list[Shape]:
     if n_tokens % n_seqs:
         n_tokens = -(-n_tokens // n_seqs) * n_seqs  # graph_reserve rounds to whole sequences
     pp = Shape(n_tokens, n_seqs, min(n_tokens, _outputs_max(r, embeddings)))
-    tg = Shape(n_seqs, n_seqs, n_seqs)
-    return [pp, tg]
+    if _PROMPT_ONLY.get():
+        return [pp]
+    return [pp, Shape(n_seqs, n_seqs, n_seqs)]
+
+
+# set within prompt_only(): the buffers are sized over the prompt graph alone, a lower bound of
+# each (a buffer is the larger of the two graphs' peaks). A fit search settles a candidate
+# offload that is over its limit by then without compiling its token-generation graph. Per
+# thread (a ContextVar); the result caches keep the two apart
+_PROMPT_ONLY: ContextVar[bool] = ContextVar("compute_prompt_only", default=False)
+
+
+@contextlib.contextmanager
+def prompt_only() -> Iterator[None]:
+    """Within: compute buffers are the prompt graph's, a lower bound (see _PROMPT_ONLY)."""
+    token = _PROMPT_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _PROMPT_ONLY.reset(token)
 
 
 # What a graph built from a header's numbers can raise when those numbers contradict each other
@@ -165,7 +186,7 @@ def compute_buffer_bytes(
     check_graph_size(meta)
     embd = is_embedding(meta) if embeddings is None else embeddings
     # the same launch asked again (a slider moved back, a fit search confirming its answer)
-    key = (id(meta), r, embd, mixed_batch)
+    key = (id(meta), r, embd, mixed_batch, _PROMPT_ONLY.get())
     hit = _BYTES_CACHE.get(key)
     if hit is not None and hit[0] is meta:
         return hit[1]

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise
 
+from qmgui.core.compute import prompt_only
 from qmgui.core.errors import SizingError
 from qmgui.core.footprint import CPU, DeviceFootprint, EngineRules, Footprint, Gpu, estimate
 from qmgui.core.launch import CTX_PAD, LaunchSettings
@@ -186,15 +187,29 @@ def split_warnings(meta: ModelMeta, fp: Footprint, budget: Budget) -> tuple[str,
 
 
 def _fits(
-    meta: ModelMeta, settings: LaunchSettings, budget: Budget, mmproj: ModelMeta | None = None
+    meta: ModelMeta,
+    settings: LaunchSettings,
+    budget: Budget,
+    mmproj: ModelMeta | None = None,
+    *,
+    new_offload: bool = False,
 ) -> bool:
     """`check(...).fits`, with the compute buffers (the expensive part of an estimate) only
     where everything else fits: compute buffers are never negative, so a launch already over
     a limit without them is over it with them. The searches below ask this of every
-    candidate; most of those far from the answer are settled without a compute buffer."""
+    candidate; most of those far from the answer are settled without a compute buffer.
+    `new_offload`: a candidate whose layers sit where no earlier candidate's did (a new
+    structure for the scheduler, compiled per reserve graph): the prompt graph's buffers are
+    sized first, a lower bound (compute.prompt_only), and a launch over a limit by then is
+    settled without the token-generation graph."""
     cheap = estimate(meta, settings, budget.gpus, compute=False, rules=budget.rules, mmproj=mmproj)
     if not _within(cheap, settings, budget, {}):
         return False
+    if new_offload:
+        with prompt_only():
+            lower = estimate(meta, settings, budget.gpus, rules=budget.rules, mmproj=mmproj)
+        if not _within(lower, settings, budget, {}):
+            return False
     return check(meta, settings, budget, mmproj=mmproj).fits
 
 
@@ -309,7 +324,7 @@ def _largest_sized(
 
     def ok(n: int) -> bool:
         if n not in known:
-            known[n] = _fits(meta, cand(n), budget, mmproj)
+            known[n] = _fits(meta, cand(n), budget, mmproj, new_offload=True)
         return known[n]
 
     extra: dict[str, int] = {}
@@ -352,7 +367,7 @@ def _nearest_offload(
             return replace(settings, n_gpu_layers=n_total, n_cpu_moe=meta.n_layer - kept)
 
     def ngl_ok(n: int) -> bool:
-        return _fits(meta, replace(settings, n_gpu_layers=n), budget, mmproj)
+        return _fits(meta, replace(settings, n_gpu_layers=n), budget, mmproj, new_offload=True)
 
     ngl = largest(0, n_total, ngl_ok)
     return None if ngl is None else replace(settings, n_gpu_layers=ngl)

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from qmgui.core.compute import (
+    _PROMPT_ONLY,
     GRAPH_FAULTS,
     GRAPHS_LOCK,
     KeptGraph,
@@ -137,7 +138,7 @@ def sched_compute_bytes(
         raise SizingError(f"{meta.name}: no layer count or embedding width in the header")
     check_graph_size(meta)
     embd = is_embedding(meta) if embeddings is None else embeddings
-    key = (id(meta), r, offload, embd, mixed_batch)
+    key = (id(meta), r, offload, embd, mixed_batch, _PROMPT_ONLY.get())
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is meta:
         return hit[1]
