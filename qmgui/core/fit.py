@@ -15,6 +15,7 @@ from itertools import pairwise
 from qmgui.core.compute import prompt_only
 from qmgui.core.errors import SizingError
 from qmgui.core.footprint import CPU, DeviceFootprint, EngineRules, Footprint, Gpu, estimate
+from qmgui.core.gcpause import while_paused
 from qmgui.core.launch import CTX_PAD, LaunchSettings
 from qmgui.core.meta import ModelMeta
 from qmgui.core.sched import searching
@@ -226,6 +227,7 @@ def largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
     return lo
 
 
+@while_paused
 def max_context(
     meta: ModelMeta, settings: LaunchSettings, budget: Budget, *, mmproj: ModelMeta | None = None
 ) -> FitResult:
@@ -296,6 +298,7 @@ def _within(fp: Footprint, settings: LaunchSettings, budget: Budget, extra: dict
     return True
 
 
+@while_paused
 def offload_for_context(
     meta: ModelMeta, settings: LaunchSettings, budget: Budget, *, mmproj: ModelMeta | None = None
 ) -> FitResult:
@@ -373,6 +376,7 @@ def _nearest_offload(
     return None if ngl is None else replace(settings, n_gpu_layers=ngl)
 
 
+@while_paused
 def nearest_fit(
     meta: ModelMeta, settings: LaunchSettings, budget: Budget, *, mmproj: ModelMeta | None = None
 ) -> LaunchSettings | None:
@@ -388,6 +392,7 @@ def nearest_fit(
     return shorter.nearest
 
 
+@while_paused
 def max_slots(
     meta: ModelMeta, settings: LaunchSettings, budget: Budget, *, ctx_per_slot: int, most: int = 64
 ) -> FitResult:
@@ -412,6 +417,7 @@ class KvOption:
     refused: str | None = None  # why the engine would not load these types for this model
 
 
+@while_paused
 def kv_type_tradeoff(
     meta: ModelMeta, settings: LaunchSettings, budget: Budget
 ) -> tuple[KvOption, ...]:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from qmgui.core.bounds import Bound, compute_bound, compute_bound_why, projector_compute_bound
 from qmgui.core.compute import MIXED_BATCH_BUILD, compute_buffer_bytes, is_embedding
 from qmgui.core.errors import SizingError
+from qmgui.core.gcpause import while_paused
 from qmgui.core.gguf_tables import GGML_SIZES_BY_NAME
 from qmgui.core.graph.dims import swa_cells
 from qmgui.core.launch import LaunchSettings, Resolved, pad, resolve, row_bytes
@@ -582,6 +583,7 @@ def output_bytes(meta: ModelMeta, r: Resolved, *, embeddings: bool) -> int:
     return (logits + embd) * 4
 
 
+@while_paused
 def estimate(
     meta: ModelMeta,
     settings: LaunchSettings = LaunchSettings(),  # noqa: B008 - frozen, shared safely

@@ -1,0 +1,88 @@
+"""core.gcpause: the cyclic collector is off during sizing calls and back as it was after,
+and the sizing leaves no cyclic garbage for it (what makes turning it off safe)."""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from qmgui.core import compute, footprint, sched
+from qmgui.core.fit import Budget, gpus_from_sizes, max_context, offload_for_context
+from qmgui.core.footprint import estimate
+from qmgui.core.gcpause import paused
+from qmgui.core.gguf_header import read_gguf_header
+from qmgui.core.graph import dims
+from qmgui.core.launch import LaunchSettings
+from qmgui.core.meta import meta_from_gguf
+from qmgui.core.units import MIB
+from tests.synth.factory import PRESETS, write_gguf
+
+
+@pytest.fixture
+def collector_on() -> Iterator[None]:
+    was = gc.isenabled()
+    gc.enable()
+    yield
+    if not was:
+        gc.disable()
+
+
+@pytest.mark.usefixtures("collector_on")
+def test_paused_nests_and_restores_the_collector() -> None:
+    with paused():
+        assert not gc.isenabled()
+        with paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer call still runs
+    assert gc.isenabled()
+    gc.disable()
+    with paused():
+        assert not gc.isenabled()
+    assert not gc.isenabled()  # off before: left off
+
+
+@pytest.mark.usefixtures("collector_on")
+def test_the_collector_returns_when_the_last_of_concurrent_calls_ends() -> None:
+    inside, release = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with paused():
+            inside.set()
+            release.wait(5)
+
+    t = threading.Thread(target=other)
+    t.start()
+    assert inside.wait(5)
+    with paused():
+        pass
+    assert not gc.isenabled()  # the other thread's call has not ended
+    release.set()
+    t.join(5)
+    assert gc.isenabled()
+
+
+@pytest.mark.usefixtures("collector_on")
+def test_an_exception_inside_restores_the_collector() -> None:
+    with pytest.raises(RuntimeError), paused():
+        raise RuntimeError("boom")
+    assert gc.isenabled()
+
+
+@pytest.mark.parametrize("key", ["llama", "qwen3moe", "gemma3", "qwen3next"])
+def test_sizing_makes_no_cyclic_garbage(tmp_path: Path, key: str) -> None:
+    path = write_gguf(tmp_path / f"{key}.gguf", PRESETS[key])
+    meta = meta_from_gguf(read_gguf_header(path), file_name=path.name)
+    budget = Budget(gpus=gpus_from_sizes([24 * MIB]))
+    gc.collect()
+    for gpus in ((), gpus_from_sizes([64 * MIB])):
+        estimate(meta, LaunchSettings(ctx_size=2048), gpus)
+    max_context(meta, LaunchSettings(), budget)
+    offload_for_context(meta, LaunchSettings(ctx_size=2048), budget)
+    for cache in (compute._PROGRAMS, compute._BUILT, sched._PROGRAMS, sched._GRAPHS,
+                  sched._CACHE, footprint._PLACED, dims._REPLAY_CACHE):  # fmt: skip
+        cache.clear()
+    assert gc.collect() == 0
