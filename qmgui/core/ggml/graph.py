@@ -23,18 +23,20 @@ class Graph:
         if t.visited:
             return t
         t.visited = True
-        nodes, leafs = self.nodes, self.leafs
+        add_node, add_leaf = self.nodes.append, self.leafs.append
         stack: list[tuple[Tensor, Iterator[Tensor]]] = [(t, iter(t.src))]
         while stack:
             cur, srcs = stack[-1]
             for s in srcs:
                 if not s.visited:
                     s.visited = True
-                    stack.append((s, iter(s.src)))
-                    break
+                    if s.src:
+                        stack.append((s, iter(s.src)))
+                        break
+                    (add_leaf if s.op == "none" else add_node)(s)  # no sources: done at once
             else:
                 stack.pop()
-                (leafs if cur.op == "none" else nodes).append(cur)
+                (add_leaf if cur.op == "none" else add_node)(cur)
         return t
 
     # -- leaves -----------------------------------------------------------------------------

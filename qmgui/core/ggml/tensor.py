@@ -59,16 +59,20 @@ class Tensor:
         external: bool = False,
     ) -> None:
         self.type = type_
-        ne4 = self.ne = (*ne, 1, 1, 1, 1)[:4]
+        if len(ne) != 4:
+            ne = (*ne, 1, 1, 1, 1)[:4]
+        elif type(ne) is not tuple:
+            ne = tuple(ne)
+        self.ne = ne
         if nb is None:  # contiguous_nb, inline: every op's result is built here
             size, blck = TYPE_TRAITS[type_]
-            nb1 = size * (ne4[0] // blck)
-            nb2 = nb1 * ne4[1]
-            self.nb = (size, nb1, nb2, nb2 * ne4[2])
+            nb1 = size * (ne[0] // blck)
+            nb2 = nb1 * ne[1]
+            self.nb = (size, nb1, nb2, nb2 * ne[2])
         else:
-            self.nb = tuple(nb)
+            self.nb = nb if type(nb) is tuple else tuple(nb)
         self.op = op
-        self.src = tuple(src)
+        self.src = src if type(src) is tuple else tuple(src)
         # ggml_new_tensor_impl: a view of a view points at the root tensor
         root = view_src
         if view_src is not None and view_src.view_src is not None:
@@ -109,18 +113,15 @@ def contiguous_nb(type_: str, ne: Sequence[int]) -> tuple[int, int, int, int]:
 
 def nbytes(t: Tensor) -> int:
     """ggml_nbytes: bytes spanned by the tensor's strides."""
-    if any(x <= 0 for x in t.ne):
+    ne0, ne1, ne2, ne3 = t.ne
+    if ne0 <= 0 or ne1 <= 0 or ne2 <= 0 or ne3 <= 0:
         return 0
+    nb0, nb1, nb2, nb3 = t.nb
     size, blck = TYPE_TRAITS[t.type]
+    rest = (ne1 - 1) * nb1 + (ne2 - 1) * nb2 + (ne3 - 1) * nb3
     if blck == 1:
-        n = size
-        for i in range(4):
-            n += (t.ne[i] - 1) * t.nb[i]
-        return n
-    n = t.ne[0] * t.nb[0] // blck
-    for i in range(1, 4):
-        n += (t.ne[i] - 1) * t.nb[i]
-    return n
+        return size + (ne0 - 1) * nb0 + rest
+    return ne0 * nb0 // blck + rest
 
 
 def row_size(type_: str, n: int) -> int:
