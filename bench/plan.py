@@ -79,8 +79,8 @@ MODELS: dict[str, tuple[str, SynthSpec]] = {
 # call that found a cache filled would be measured as fast)
 CACHES = {
     compute: ("_PROGRAMS", "_BYTES_CACHE", "_BUILT", "_VERIFIED"),
-    dims: ("_REPLAY_CACHE",),
-    sched: ("_PROGRAMS", "_GRAPHS", "_SEEN", "_CACHE", "_SIZES"),
+    dims: ("_REPLAY_CACHE", "_SIGNATURES"),
+    sched: ("_PROGRAMS", "_GRAPHS", "_SEEN", "_CACHE", "_SIZES", "_LAYERS"),
     footprint: ("_TABLES", "_PLACED"),
 }
 

@@ -77,7 +77,15 @@ from qmgui.core.ggml.compile import (
 from qmgui.core.ggml.graph import Graph
 from qmgui.core.ggml.tensor import Tensor, nbytes
 from qmgui.core.graph.builder import Build, Builder
-from qmgui.core.graph.dims import Dims, Shape, dims, replay_layers, swa_cells
+from qmgui.core.graph.dims import (
+    Dims,
+    Shape,
+    dims,
+    layer_signatures,
+    replay_layers,
+    replay_period,
+    swa_cells,
+)
 from qmgui.core.launch import Resolved
 from qmgui.core.meta import ModelMeta
 
@@ -178,24 +186,65 @@ def _layers(meta: ModelMeta, offload: Offload) -> tuple[int, ...]:
     Against the whole stack built and walked, this matched on every offload boundary of
     the fixtures' models and the full-size presets (tests/core/test_sched_compiled.py:
     test_offload_runs_replay_as_the_whole_stack); it turns a first fit search's dozen
-    whole-stack compiles (one per -ngl / --n-cpu-moe candidate) into compiles of ~8 layers."""
-    base = replay_layers(meta)
-    if not (offload.host_layers or offload.host_experts or offload.host_caches):
-        return base
-    n = meta.n_layer
-    if len(base) >= n:
-        return base
-    prefix = base[-2] + 1  # replay_layers keeps range(prefix) and the last layer
+    whole-stack compiles (one per -ngl / --n-cpu-moe candidate) into compiles of ~8 layers.
+
+    Each compressed run is kept on to the phase (of the stack's period) of the layer before
+    its last, so that its last layer follows a layer of the same signature as in the stack:
+    without that, a larger copy in the run before (a K-quant's Q6_K first layer in host
+    memory) left the next run's last layer a state the stack never reaches (0.4 MiB high on
+    a 24-layer qwen3next).
+
+    A layer's weights in host memory are copied into the GPU's compute buffer for a prompt's
+    matmuls, so their sizes shape the walk: a run whose layers of one signature do not all
+    have the same host weights (a K-quant file keeps some layers' ffn_down in Q6_K, the rest
+    in Q4_K) is replayed whole. Replaying its first layers alone missed a larger copy further
+    down: 50-150 MiB low on full-size MoE and hybrid headers (test_offload_runs_of_mixed_
+    quantizations_replay_as_the_whole_stack)."""
     hl, he, hc = offload.host_layers, offload.host_experts, offload.host_caches
+    base = replay_layers(meta)
+    n = meta.n_layer
+    if not (hl or he or hc) or len(base) >= n:
+        return base
+    key = (id(meta), offload)
+    hit = _LAYERS.get(key)
+    if hit is not None and hit[0] is meta:
+        return hit[1]
+    prefix = base[-2] + 1  # replay_layers keeps range(prefix) and the last layer
+    period = replay_period(meta)
+    sig = layer_signatures(meta)
+    per_layer = _host_weight_sizes(meta).per_layer
+
+    def copied(il: int) -> tuple[tuple[bool, tuple[int, ...], int], ...]:
+        """The sizes of layer il's weights kept in host memory."""
+        if il in hl:
+            return per_layer.get(il, ())
+        if il in he:
+            return tuple(w for w in per_layer.get(il, ()) if w[0])
+        return ()
+
     place = [(il in hl, il in he, il in hc) for il in range(n)]
     keep = set(base)
     start = 0
     for il in range(1, n + 1):
         if il == n or place[il] != place[start]:
-            keep.update(range(start, min(il, start + prefix)))
+            seen: dict[int, object] = {}
+            if all(seen.setdefault(sig[j], copied(j)) == copied(j) for j in range(start, il)):
+                # and on to the phase of the layer before the run's last, so that the state
+                # the last layer meets is the one it meets in the whole stack
+                align = ((il - 2) - (start + prefix - 1)) % period if period else 0
+                keep.update(range(start, min(il, start + prefix + align)))
+            else:
+                keep.update(range(start, il))
             keep.add(il - 1)
             start = il
-    return tuple(sorted(keep))
+    layers = tuple(sorted(keep))
+    if len(_LAYERS) >= _PROGRAMS_KEPT:
+        _LAYERS.clear()
+    _LAYERS[key] = (meta, layers)
+    return layers
+
+
+_LAYERS: dict[tuple[object, ...], tuple[ModelMeta, tuple[int, ...]]] = {}
 
 
 def _peaks_plain(
@@ -259,6 +308,8 @@ class _Sizes:
 
     by_shape: dict[tuple[int, bool, tuple[int, ...]], int]
     largest: dict[tuple[int, bool], int]
+    # per layer, (expert, shape, bytes) of each of its weights, sorted
+    per_layer: dict[int, tuple[tuple[bool, tuple[int, ...], int], ...]]
 
     def of(self, t: Tensor) -> int:
         n = self.by_shape.get((t.layer, t.expert, _shape(t.ne)))
@@ -298,7 +349,10 @@ def _host_weight_sizes(meta: ModelMeta) -> _Sizes:
         put(layer, _EXPERTS.search(t.name) is not None, t.shape, t.nbytes)
         if t.name == "token_embd.weight" and meta.tied_embeddings:
             put(meta.n_layer, False, t.shape, t.nbytes)  # the output matmul reads it
-    sizes = _Sizes(by_shape, largest)
+    rows: dict[int, list[tuple[bool, tuple[int, ...], int]]] = {}
+    for (layer, expert, shape), size in by_shape.items():
+        rows.setdefault(layer, []).append((expert, shape, size))
+    sizes = _Sizes(by_shape, largest, {il: tuple(sorted(r)) for il, r in rows.items()})
     if len(_SIZES) >= 32:
         _SIZES.clear()
     _SIZES[id(meta)] = (meta, sizes)

@@ -27,7 +27,7 @@ from qmgui.core.fit import Budget, _fits, check, gpus_from_sizes
 from qmgui.core.gguf_header import read_gguf_header
 from qmgui.core.graph.builder import Builder
 from qmgui.core.launch import LaunchSettings, Resolved, resolve
-from qmgui.core.meta import ModelMeta, meta_from_gguf
+from qmgui.core.meta import ModelMeta, TensorEntry, meta_from_gguf
 from qmgui.core.units import GIB
 from tests.synth.factory import FULL_SIZE_PRESETS, PRESETS, write_gguf, write_sparse_gguf
 
@@ -197,6 +197,65 @@ def test_offload_runs_replay_as_the_whole_stack(
         _layout(meta)
     except SizingError:
         pytest.skip("no compute layout")
+    assert _runs_replay_as_the_whole_stack(meta, monkeypatch) > 0
+
+
+def _more_bits(il: int, n: int) -> bool:
+    """llama-quant.cpp's use_more_bits: the layers a Q4_K_M file keeps in Q6_K."""
+    return il < n // 8 or il >= 7 * n // 8 or (il - n // 8) % 3 == 2
+
+
+_MIXES = {
+    "q4_k_m": _more_bits,
+    "one layer in the middle": lambda il, n: il == n // 2,
+    "the first layer": lambda il, n: il == 0,
+}
+
+
+def _mixed(meta: ModelMeta, bigger: object) -> ModelMeta:
+    """`meta` with the ffn_down / attn_v weights (experts too) of the layers `bigger` picks
+    1.46x larger, as Q6_K is to Q4_K: the same shapes, other bytes."""
+    assert callable(bigger)
+
+    def bump(t: TensorEntry) -> TensorEntry:
+        parts = t.name.split(".", 2)
+        if parts[0] != "blk" or not parts[2].startswith(("ffn_down", "attn_v")):
+            return t
+        return (
+            replace(t, nbytes=t.nbytes * 210 // 144) if bigger(int(parts[1]), meta.n_layer) else t
+        )
+
+    return replace(meta, tensors=tuple(bump(t) for t in meta.tensors))
+
+
+@pytest.fixture(scope="module")
+def deep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModelMeta]:
+    """Tiny presets 24 layers deep: deep enough for runs to be replayed in part."""
+    root = tmp_path_factory.mktemp("deep-models")
+    out: dict[str, ModelMeta] = {}
+    for key in ("qwen3moe", "qwen3next", "llama"):
+        path = write_gguf(root / f"{key}.gguf", replace(PRESETS[key], n_layer=24))
+        out[key] = meta_from_gguf(read_gguf_header(path), file_name=path.name)
+    return out
+
+
+@pytest.mark.parametrize("mix", sorted(_MIXES))
+@pytest.mark.parametrize("key", ["qwen3moe", "qwen3next", "llama"])
+def test_offload_runs_of_mixed_quantizations_replay_as_the_whole_stack(
+    deep: dict[str, ModelMeta], key: str, mix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Layers of one signature whose host weights differ in size (a K-quant's Q6_K layers)
+    copy different bytes into the GPU's compute buffer: a run holding them is replayed whole,
+    and the peaks are the whole stack's."""
+    assert _runs_replay_as_the_whole_stack(_mixed(deep[key], _MIXES[mix]), monkeypatch) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mix", sorted(_MIXES))
+def test_offload_runs_of_mixed_quantizations_on_a_full_size_header(
+    metas: dict[str, ModelMeta], mix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    meta = _mixed(metas["qwen3-30b-a3b"], _MIXES[mix])
     assert _runs_replay_as_the_whole_stack(meta, monkeypatch) > 0
 
 

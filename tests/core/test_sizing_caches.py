@@ -31,6 +31,8 @@ def _forget() -> None:
         compute._BUILT,
         compute._VERIFIED,
         dims._REPLAY_CACHE,
+        dims._SIGNATURES,
+        sched._LAYERS,
         sched._PROGRAMS,
         sched._GRAPHS,
         sched._SEEN,

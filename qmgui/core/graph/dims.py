@@ -239,26 +239,37 @@ def replay_layers(meta: ModelMeta) -> tuple[int, ...]:
     and four periods. tests/core/test_compute.py checks the shortcut against the full replay.
     Cached per model: a fit search asks dozens of times.
     """
+    return _replay_plan(meta)[0]
+
+
+def replay_period(meta: ModelMeta) -> int:
+    """The period of the repeating part replay_layers found (0: none, every layer kept)."""
+    return _replay_plan(meta)[1]
+
+
+def _replay_plan(meta: ModelMeta) -> tuple[tuple[int, ...], int]:
     hit = _REPLAY_CACHE.get(id(meta))
     if hit is not None and hit[0] is meta:
         return hit[1]
-    layers = _replay_layers_uncached(meta)
+    plan = _replay_layers_uncached(meta)
     if len(_REPLAY_CACHE) >= CACHE_KEPT:
         _REPLAY_CACHE.clear()
-    _REPLAY_CACHE[id(meta)] = (meta, layers)
-    return layers
+    _REPLAY_CACHE[id(meta)] = (meta, plan)
+    return plan
 
 
 CACHE_KEPT = 32  # models whose derived values are kept (the UI plans a handful at a time)
 
 
-_REPLAY_CACHE: dict[int, tuple[ModelMeta, tuple[int, ...]]] = {}
+_REPLAY_CACHE: dict[int, tuple[ModelMeta, tuple[tuple[int, ...], int]]] = {}
 
 
-def _replay_layers_uncached(meta: ModelMeta) -> tuple[int, ...]:
-    n = meta.n_layer
-    if n <= 3:
-        return tuple(range(n))
+def layer_signatures(meta: ModelMeta) -> tuple[int, ...]:
+    """Per layer, a number that two layers share when their parts of the graph are built
+    alike (_layer_signature). Cached per model."""
+    hit = _SIGNATURES.get(id(meta))
+    if hit is not None and hit[0] is meta:
+        return hit[1]
     blocks: dict[int, list[tuple[str, tuple[int, ...]]]] = {}
     for t in meta.tensors:
         if t.name.startswith("blk."):
@@ -266,8 +277,25 @@ def _replay_layers_uncached(meta: ModelMeta) -> tuple[int, ...]:
             if idx.isascii() and idx.isdigit() and len(idx) <= 9:
                 blocks.setdefault(int(idx), []).append((rest, t.shape))
     ids: dict[tuple[object, ...], int] = {}
-    sig = [ids.setdefault(_layer_signature(meta, il, blocks), len(ids)) for il in range(n - 1)]
-    best: tuple[int, int] | None = None  # (kept layers, start)
+    sig = tuple(
+        ids.setdefault(_layer_signature(meta, il, blocks), len(ids)) for il in range(meta.n_layer)
+    )
+    if len(_SIGNATURES) >= CACHE_KEPT:
+        _SIGNATURES.clear()
+    _SIGNATURES[id(meta)] = (meta, sig)
+    return sig
+
+
+_SIGNATURES: dict[int, tuple[ModelMeta, tuple[int, ...]]] = {}
+
+
+def _replay_layers_uncached(meta: ModelMeta) -> tuple[tuple[int, ...], int]:
+    """(replay_layers, replay_period)."""
+    n = meta.n_layer
+    if n <= 3:
+        return tuple(range(n)), 0
+    sig = layer_signatures(meta)[: n - 1]
+    best: tuple[int, int, int] | None = None  # (kept layers, start, period)
     for start in range(len(sig)):
         if best is not None and start >= best[0]:
             break
@@ -275,8 +303,8 @@ def _replay_layers_uncached(meta: ModelMeta) -> tuple[int, ...]:
             if all(sig[i] == sig[i - period] for i in range(start + period, len(sig))):
                 kept = start + max(2 * period, 3)
                 if best is None or kept < best[0]:
-                    best = (kept, start)
+                    best = (kept, start, period)
                 break
     if best is None or best[0] >= n - 1:
-        return tuple(range(n))
-    return (*range(best[0]), n - 1)
+        return tuple(range(n)), 0
+    return (*range(best[0]), n - 1), best[2]
