@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
@@ -1030,25 +1031,39 @@ def _sym_graph(
         sym = verified(meta, build, d, shape)
         if sym is None:
             return None
-    else:
-        # an offload's layers (_layers) are runs of the base's layers: each of them is built
-        # as a layer of the same signature in the base graph is, so the base graph standing
-        # for every context (checked once per structure: compute.verified) stands for this one
-        if _sym_graph(meta, r, build, embeddings=embeddings, layers=base, shape=shape) is None:
-            return None
-        b_sym = Builder(replace(d, n_kv=CELLS * SYM_U, n_kv_swa=CELLS * SYM_V), shape)
-        build(b_sym)
-        sym = KeptGraph(b_sym.g)
-    for t in sym.g.nodes:
+        ok = _SCHEDULABLE.get(sym)
+        if ok is None:
+            ok = _SCHEDULABLE[sym] = _schedulable(sym.g)
+        return sym if ok else None
+    # an offload's layers (_layers) are runs of the base's layers: each of them is built as a
+    # layer of the same signature in the base graph is, so the base graph standing for every
+    # context (checked once per structure: compute.verified, _schedulable) stands for this one
+    if _sym_graph(meta, r, build, embeddings=embeddings, layers=base, shape=shape) is None:
+        return None
+    b_sym = Builder(replace(d, n_kv=CELLS * SYM_U, n_kv_swa=CELLS * SYM_V), shape)
+    build(b_sym)
+    return KeptGraph(b_sym.g)
+
+
+# per verified symbolic graph of the replayed layers: whether the scheduler compares nothing
+# that grows with the cells in it (_schedulable), asked once per graph
+_SCHEDULABLE: weakref.WeakKeyDictionary[KeptGraph, bool] = weakref.WeakKeyDictionary()
+
+
+def _schedulable(g: Graph) -> bool:
+    """Whether the scheduler's decisions on `g` hold at every context: no SSM scan's state
+    and no batch of an op on a weight (what _supported and _pass1 compare) grows with the
+    cells."""
+    for t in g.nodes:
         if t.op == "ssm_scan" and not _small(t.src[0].ne[0]):
-            return None  # _supported's test
+            return False
         if (
             t.op not in ("rope", "flash_attn_ext")
             and any(s.external and s.is_weight for s in t.src)
             and not _small(_batch(t))
         ):
-            return None  # _pass1's offload_op test
-    return sym
+            return False
+    return True
 
 
 def _small(x: int) -> bool:
