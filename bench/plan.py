@@ -5,7 +5,8 @@
 The models are full-size headers written by the test factory as sparse files (real tensor
 tables and dimensions, no weights on disk), one of each kind the sizing treats apart: dense
 (Llama-3-8B), MoE (Qwen3-30B-A3B), sliding-window (Gemma-3-12B) and hybrid recurrent
-(Qwen3-Next-80B-A3B: gated delta-net layers with attention every 4th, 512 experts).
+(Qwen3-Next-80B-A3B: gated delta-net layers with attention every 4th, 512 experts), and the
+MoE again typed as a Q4_K_M file is (per-layer types).
 
 Three targets (issue 17, item 10), each figure printed with its target, met or MISSED, and its
 ratio to a baseline measured in the same run just before it (a fixed pure-Python workload; also
@@ -37,6 +38,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -73,6 +75,13 @@ MODELS: dict[str, tuple[str, SynthSpec]] = {
     "qwen3-30b-a3b": ("MoE", FULL_SIZE_PRESETS["qwen3-30b-a3b"]),
     "gemma3-12b": ("SWA", FULL_SIZE_PRESETS["gemma3-12b"]),
     "qwen3-next-80b-a3b": ("hybrid", QWEN3_NEXT),
+    # what most files are: Q4_K with Q6_K ffn_down / attn_v in every third layer and the first
+    # and last eighth; layers of one kind then copy different bytes under partial offload, and
+    # core.sched replays a run holding them whole
+    "qwen3-30b-a3b-q4km": (
+        "MoE, Q4_K_M",
+        replace(FULL_SIZE_PRESETS["qwen3-30b-a3b"], type_mix="q4_k_m", file_type=15),
+    ),
 }
 
 # every cache the sizing keeps across calls; a name that is gone fails the bench (a first

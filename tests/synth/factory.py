@@ -124,6 +124,9 @@ class SynthSpec:
     pooling_type: int | None = None  # gguf.PoolingType value
     causal_attn: bool = True
     file_type: int | None = None  # general.file_type; None: derived from weight_type
+    # "q4_k_m": the weights typed as llama-quantize's Q4_K_M (Q4_K, with Q6_K for ffn_down
+    # and attn_v in its use_more_bits layers), weight_type ignored
+    type_mix: str = ""
     extra_kv: tuple[tuple[str, Any], ...] = ()  # ("{arch}.logit_scale", 8.0), ...
 
     # --- derived values ---------------------------------------------------------------------
@@ -486,10 +489,23 @@ def _seed(name: str) -> int:
     return zlib.crc32(name.encode())
 
 
+def _q4_k_m(name: str, n_layer: int) -> Q:
+    """llama-quantize's Q4_K_M choice for a layer weight (llama-quant.cpp: use_more_bits)."""
+    parts = name.split(".", 2)
+    if parts[0] == "blk" and parts[2].startswith(("ffn_down", "attn_v")):
+        il = int(parts[1])
+        n8 = n_layer // 8
+        if il < n8 or il >= 7 * n_layer // 8 or (il - n8) % 3 == 2:
+            return Q.Q6_K
+    return Q.Q4_K
+
+
 def _tensor_type(t: TensorPlan, spec: SynthSpec) -> Q:
     if t.kind in _F32_KINDS:
         return Q.F32
     qtype = spec.embedding_type if t.kind == "embd" else spec.weight_type
+    if spec.type_mix == "q4_k_m" and t.kind != "embd":
+        qtype = _q4_k_m(t.name, spec.n_layer)
     block, _ = gguf.GGML_QUANT_SIZES[qtype]
     if t.ne[0] % block != 0:  # llama-quantize falls back the same way for odd rows
         return Q.F16
