@@ -125,14 +125,19 @@ def _reserve_shapes(r: Resolved, embeddings: bool) -> list[Shape]:
 _PROMPT_ONLY: ContextVar[bool] = ContextVar("compute_prompt_only", default=False)
 
 
-@contextlib.contextmanager
-def prompt_only() -> Iterator[None]:
+def prompt_only() -> contextlib.AbstractContextManager[None]:
     """Within: compute buffers are the prompt graph's, a lower bound (see _PROMPT_ONLY)."""
-    token = _PROMPT_ONLY.set(True)
+    return switched_on(_PROMPT_ONLY)
+
+
+@contextlib.contextmanager
+def switched_on(flag: ContextVar[bool]) -> Iterator[None]:
+    """Within: `flag` is True in this thread (and back as it was after)."""
+    token = flag.set(True)
     try:
         yield
     finally:
-        _PROMPT_ONLY.reset(token)
+        flag.reset(token)
 
 
 # What a graph built from a header's numbers can raise when those numbers contradict each other

@@ -44,7 +44,7 @@ import contextlib
 import math
 import re
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -60,6 +60,7 @@ from qmgui.core.compute import (
     check_graph_size,
     graph_fault,
     is_embedding,
+    switched_on,
     verified,
 )
 from qmgui.core.errors import SizingError
@@ -868,14 +869,9 @@ def _seen_before(meta: ModelMeta, graph_key: tuple[object, ...]) -> bool:
 _SEARCHING: ContextVar[bool] = ContextVar("sched_searching", default=False)
 
 
-@contextlib.contextmanager
-def searching() -> Iterator[None]:
+def searching() -> contextlib.AbstractContextManager[None]:
     """Within: every structure is compiled at its first ask (see _seen_before)."""
-    token = _SEARCHING.set(True)
-    try:
-        yield
-    finally:
-        _SEARCHING.reset(token)
+    return switched_on(_SEARCHING)
 
 
 @dataclass(frozen=True)
