@@ -21,6 +21,7 @@ against the plain build on every fixture model over many contexts.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -175,15 +176,14 @@ class Program:
         return run_best_fit(self.events, sizes)
 
 
-def run_best_fit(  # noqa: C901 - Arena inlined: the hot loop
-    events: Sequence[int], sizes: Sequence[int]
-) -> int:
+def run_best_fit(events: Sequence[int], sizes: Sequence[int]) -> int:
     """Arena over a compiled walk: its high-water mark. The same best fit and merging as
     Arena.alloc and Arena.free, on two parallel lists of free blocks."""
     offsets = [0] * len(sizes)
     starts = [0]  # free blocks as Arena keeps them; at first one, unbounded
     lens = [1 << 62]
     top = 0
+    empty = False  # an empty block was kept (a freed empty tensor): frees scan from then on
     for e in events:
         if e >= 0:  # allocate: best fit among all but the last block, else the last
             size = sizes[e]
@@ -209,30 +209,50 @@ def run_best_fit(  # noqa: C901 - Arena inlined: the hot loop
         slot = ~e  # free: merge with the block that ends here or starts after, else insert
         offset = offsets[slot]
         size = sizes[slot]
-        end = offset + size
-        for i, start in enumerate(starts):
-            if start + lens[i] == offset:
-                lens[i] += size
-                if i + 1 < len(starts) and start + lens[i] == starts[i + 1]:
-                    lens[i] += lens[i + 1]
-                    del starts[i + 1]
-                    del lens[i + 1]
-                break
-            if end == start:
-                starts[i] = offset
-                lens[i] += size
-                if i > 0 and starts[i - 1] + lens[i - 1] == offset:
-                    lens[i - 1] += lens[i]
-                    del starts[i]
-                    del lens[i]
-                break
-        else:  # before the first block at or above it (a freed empty tensor can follow the end)
-            i = 0
-            while i < len(starts) and starts[i] < offset:
-                i += 1
-            starts.insert(i, offset)
-            lens.insert(i, size)
+        if not empty:  # blocks disjoint and sorted: the one before or the one at j
+            j = bisect_left(starts, offset)
+            if j and starts[j - 1] + lens[j - 1] == offset:  # the one before ends here: grow it
+                lens[j - 1] += size
+                if j < len(starts) and starts[j - 1] + lens[j - 1] == starts[j]:
+                    lens[j - 1] += lens[j]
+                    del starts[j]
+                    del lens[j]
+            elif j < len(starts) and starts[j] == offset + size:  # the next starts at the end
+                starts[j] = offset
+                lens[j] += size
+            else:  # before the first block at or above it
+                starts.insert(j, offset)
+                lens.insert(j, size)
+                empty = not size
+            continue
+        _free_scanning(starts, lens, offset, size)
     return top
+
+
+def _free_scanning(starts: list[int], lens: list[int], offset: int, size: int) -> None:
+    """Arena.free on run_best_fit's lists, block by block (empty blocks among them)."""
+    end = offset + size
+    for i, start in enumerate(starts):
+        if start + lens[i] == offset:
+            lens[i] += size
+            if i + 1 < len(starts) and start + lens[i] == starts[i + 1]:
+                lens[i] += lens[i + 1]
+                del starts[i + 1]
+                del lens[i + 1]
+            return
+        if end == start:
+            starts[i] = offset
+            lens[i] += size
+            if i > 0 and starts[i - 1] + lens[i - 1] == offset:
+                lens[i - 1] += lens[i]
+                del starts[i]
+                del lens[i]
+            return
+    i = 0  # before the first block at or above it (a freed empty tensor can follow the end)
+    while i < len(starts) and starts[i] < offset:
+        i += 1
+    starts.insert(i, offset)
+    lens.insert(i, size)
 
 
 def compile_walk(sym: Graph) -> Program | None:
