@@ -332,6 +332,48 @@ def _cuda_alloc_size(t: TensorEntry) -> int:
     return pad(size, CUDA_ALIGNMENT)
 
 
+@dataclass(frozen=True)
+class _Group:
+    """Tensors that are placed together (one role, layer, expert flag and Vulkan SSM rule)
+    in one file: their bytes as each kind of buffer counts them, and the span they cover."""
+
+    role: int
+    layer: int
+    expert: bool
+    vulkan_cpu: bool
+    file_index: int
+    nbytes: int
+    cuda_nbytes: int
+    mapped: int  # padded as a non-mapped host buffer keeps them
+    lo: int
+    hi: int
+
+
+def _groups(meta: ModelMeta, repacked: frozenset[str]) -> tuple[_Group, ...]:
+    """_kept's tensors summed per group: a placement then costs one step a group, not a
+    tensor (a fit search over offloads places ~n_layer candidates of ~600-900 tensors)."""
+    key = ("groups", id(meta), repacked)
+    hit = _placed_get(key, meta)
+    if isinstance(hit, tuple):
+        return hit
+    acc: dict[tuple[int, int, bool, bool, int], list[int]] = {}
+    for t in _kept(meta, repacked):
+        k = (t.role, t.layer, t.expert, t.vulkan_cpu, t.file_index)
+        a = acc.get(k)
+        end = t.offset + t.nbytes
+        if a is None:
+            acc[k] = [t.nbytes, t.cuda_nbytes, pad(t.nbytes, MAPPED_ALIGNMENT), t.offset, end]
+        else:
+            a[0] += t.nbytes
+            a[1] += t.cuda_nbytes
+            a[2] += pad(t.nbytes, MAPPED_ALIGNMENT)
+            a[3] = min(a[3], t.offset)
+            a[4] = max(a[4], end)
+    groups = tuple(_Group(*k, *a) for k, a in acc.items())
+    _placed_put(key, meta, groups)
+    return groups
+
+
 def _kept(meta: ModelMeta, repacked: frozenset[str]) -> Sequence[_Placed]:
     table = _table(meta)
     if not repacked:
@@ -395,27 +437,27 @@ def _place_weights(
     per: dict[str, int] = {}
     cpu_spans: dict[int, list[int]] = {}
     out_dev = layer_dev[meta.n_layer]
-    for t in _kept(meta, repacked):
-        if t.role == _INPUT:
+    for g in _groups(meta, repacked):
+        if g.role == _INPUT:
             dev = CPU
-        elif t.role == _OUTPUT:
+        elif g.role == _OUTPUT:
             dev = out_dev
-        elif t.expert and (s.cpu_moe or t.layer < s.n_cpu_moe):
+        elif g.expert and (s.cpu_moe or g.layer < s.n_cpu_moe):
             dev = CPU
         else:
-            dev = layer_dev[t.layer]
-        if t.vulkan_cpu and backends.get(dev) == "vulkan":
+            dev = layer_dev[g.layer]
+        if g.vulkan_cpu and backends.get(dev) == "vulkan":
             dev = CPU
         if dev == CPU and s.mmap:
-            lo_hi = cpu_spans.setdefault(t.file_index, [t.offset, t.offset + t.nbytes])
-            lo_hi[0] = min(lo_hi[0], t.offset)
-            lo_hi[1] = max(lo_hi[1], t.offset + t.nbytes)
+            lo_hi = cpu_spans.setdefault(g.file_index, [g.lo, g.hi])
+            lo_hi[0] = min(lo_hi[0], g.lo)
+            lo_hi[1] = max(lo_hi[1], g.hi)
         elif dev == CPU:
-            per[CPU] = per.get(CPU, 0) + pad(t.nbytes, MAPPED_ALIGNMENT)
+            per[CPU] = per.get(CPU, 0) + g.mapped
         elif backends.get(dev) == "cuda":
-            per[dev] = per.get(dev, 0) + t.cuda_nbytes
+            per[dev] = per.get(dev, 0) + g.cuda_nbytes
         else:
-            per[dev] = per.get(dev, 0) + t.nbytes
+            per[dev] = per.get(dev, 0) + g.nbytes
     if cpu_spans:
         per[CPU] = per.get(CPU, 0) + sum(hi - lo for lo, hi in cpu_spans.values())
     if meta.tied_embeddings and out_dev != CPU:
