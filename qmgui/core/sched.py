@@ -463,24 +463,28 @@ def _split(g: Graph, be: dict[int, int], sizes: _Sizes) -> list[_Split]:
     splits: list[_Split] = []
     copies: dict[tuple[int, int], Tensor] = {}
     cur: _Split | None = None
+    get = be.get
     for i, t in enumerate(nodes):
         if t.op in _VIEW_OPS:
             continue
         b = be[id(t)]
+        # the sources read from the other backend (most nodes: none)
+        across = [j for j, s in enumerate(t.src) if get(id(s), HOST) != b]
         new = cur is None or b != cur.backend
-        if not new and cur is not None and cur.inputs:
+        if not new and cur is not None and cur.inputs and across:
             # a weight from the other backend: a new split frees the previous weight copies
-            new = any(s.is_weight and be.get(id(s), HOST) != b for s in t.src)
+            new = any(t.src[j].is_weight for j in across)
         if new:
             if cur is not None:
                 cur.end = i
             cur = _Split(b, i if splits else 0)
             splits.append(cur)
+        if not across:
+            continue
         assert cur is not None
         srcs = list(t.src)
-        for j, s in enumerate(srcs):
-            if be.get(id(s), HOST) == b:
-                continue
+        for j in across:
+            s = srcs[j]
             cp = copies.get((id(s), b))
             if cp is None:
                 cp = _copy_of(s, t, sizes)
@@ -704,15 +708,15 @@ def _run_walk(
             if not (s.external or s.allocated or s.view_src is not None):
                 _alloc(a, s, same)
         _alloc(a, t, same)
-        for p in t.src:
-            _release(p, arena)
+        for p in t.src:  # _release's first steps, inline: most sources have readers left
+            p.n_children -= 1
+            if not (p.n_children or p.n_views or (p.view_src is not None and p.op == "none")):
+                _release_last(p, arena)
 
 
-def _release(p: Tensor, arena: Callable[[Tensor], _ArenaLike]) -> None:
-    """A reader of `p` has run: free it (or what it views) after its last reader."""
-    p.n_children -= 1
-    if p.n_children or p.n_views or (p.view_src is not None and p.op == "none"):
-        return
+def _release_last(p: Tensor, arena: Callable[[Tensor], _ArenaLike]) -> None:
+    """The last reader of `p` has run: free it (or what it views, once that has no reader
+    and no view left)."""
     root = p.view_src
     if root is None:
         if p.allocated:
