@@ -48,6 +48,7 @@ from gguf import GGMLQuantizationType as Q
 from qmgui.core import compute, footprint, sched
 from qmgui.core.fit import Budget, gpus_from_sizes, max_context, offload_for_context
 from qmgui.core.footprint import estimate
+from qmgui.core.ggml.compile import affine
 from qmgui.core.gguf_header import read_gguf_header
 from qmgui.core.graph import dims
 from qmgui.core.launch import LaunchSettings
@@ -96,6 +97,7 @@ CACHES = {
 
 def forget() -> None:
     """Empty every sizing cache: the next call builds what it needs."""
+    affine.cache_clear()  # symbolic sizes decoded (an lru_cache, not a dict)
     for module, names in CACHES.items():
         for name in names:
             cache = getattr(module, name, None)

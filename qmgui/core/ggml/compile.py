@@ -21,6 +21,7 @@ against the plain build on every fixture model over many contexts.
 
 from __future__ import annotations
 
+import functools
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ class NotAffine(Exception):
     """A structure whose walk a context could change: it is built and walked every time."""
 
 
+@functools.lru_cache(maxsize=1 << 14)  # a graph's symbolic values repeat (one per KV view...)
 def affine(x: int) -> tuple[int, int, int]:
     """(c, a, b) with x == c + a*SYM_U + b*SYM_V, each coefficient small; NotAffine if
     x is not of that form (a power of u above the first, or a product with v)."""
