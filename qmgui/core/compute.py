@@ -332,10 +332,11 @@ def verified(meta: ModelMeta, build: Build, d: Dims, shape: Shape) -> KeptGraph 
     d_sym = replace(d, n_kv=CELLS * SYM_U, n_kv_swa=CELLS * SYM_V)
     key = _built_key(meta, build, d_sym, shape)
     hit = _VERIFIED.get(key)
-    if hit is not None and hit[0] is meta and not hit[1]:
+    ok = hit[1] if hit is not None and hit[0] is meta else None
+    if ok is False:
         return None
     sym = built(meta, build, d_sym, shape)
-    if hit is None or hit[0] is not meta:
+    if ok is None:
         real = built(meta, build, d, shape)
         sym.restore()
         real.restore()
@@ -346,9 +347,7 @@ def verified(meta: ModelMeta, build: Build, d: Dims, shape: Shape) -> KeptGraph 
         if len(_VERIFIED) >= 16 * CACHE_KEPT:
             _VERIFIED.clear()
         _VERIFIED[key] = (meta, ok)
-        if not ok:
-            return None
-    return sym
+    return sym if ok else None
 
 
 class KeptGraph:

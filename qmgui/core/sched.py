@@ -213,24 +213,12 @@ def _layers(meta: ModelMeta, offload: Offload) -> tuple[int, ...]:
         return hit[1]
     prefix = base[-2] + 1  # replay_layers keeps range(prefix) and the last layer
     period = replay_period(meta)
-    sig = layer_signatures(meta)
-    per_layer = _host_weight_sizes(meta).per_layer
-
-    def copied(il: int) -> tuple[tuple[bool, tuple[int, ...], int], ...]:
-        """The sizes of layer il's weights kept in host memory."""
-        if il in hl:
-            return per_layer.get(il, ())
-        if il in he:
-            return tuple(w for w in per_layer.get(il, ()) if w[0])
-        return ()
-
     place = [(il in hl, il in he, il in hc) for il in range(n)]
     keep = set(base)
     start = 0
     for il in range(1, n + 1):
         if il == n or place[il] != place[start]:
-            seen: dict[int, object] = {}
-            if all(seen.setdefault(sig[j], copied(j)) == copied(j) for j in range(start, il)):
+            if _copies_alike(meta, offload, range(start, il)):
                 # and on to the phase of the layer before the run's last, so that the state
                 # the last layer meets is the one it meets in the whole stack
                 align = ((il - 2) - (start + prefix - 1)) % period if period else 0
@@ -247,6 +235,25 @@ def _layers(meta: ModelMeta, offload: Offload) -> tuple[int, ...]:
 
 
 _LAYERS: dict[tuple[object, ...], tuple[ModelMeta, tuple[int, ...]]] = {}
+
+
+def _copies_alike(meta: ModelMeta, offload: Offload, run: range) -> bool:
+    """Whether the run's layers of one signature all keep the same weights (their shapes and
+    bytes) in host memory, whose copies shape the walk."""
+    sig = layer_signatures(meta)
+    per_layer = _host_weight_sizes(meta).per_layer
+    first: dict[int, object] = {}
+    for il in run:
+        weights = per_layer.get(il, ())
+        if il in offload.host_layers:
+            copied = weights
+        elif il in offload.host_experts:
+            copied = tuple(w for w in weights if w[0])
+        else:
+            copied = ()
+        if first.setdefault(sig[il], copied) != copied:
+            return False
+    return True
 
 
 def _peaks_plain(

@@ -10,15 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from qmgui.core import compute, footprint, sched
 from qmgui.core.fit import Budget, gpus_from_sizes, max_context, offload_for_context
 from qmgui.core.footprint import estimate
 from qmgui.core.gcpause import paused
 from qmgui.core.gguf_header import read_gguf_header
-from qmgui.core.graph import dims
 from qmgui.core.launch import LaunchSettings
 from qmgui.core.meta import meta_from_gguf
 from qmgui.core.units import MIB
+from tests.core.test_sizing_caches import _forget
 from tests.synth.factory import PRESETS, write_gguf
 
 
@@ -82,7 +81,5 @@ def test_sizing_makes_no_cyclic_garbage(tmp_path: Path, key: str) -> None:
         estimate(meta, LaunchSettings(ctx_size=2048), gpus)
     max_context(meta, LaunchSettings(), budget)
     offload_for_context(meta, LaunchSettings(ctx_size=2048), budget)
-    for cache in (compute._PROGRAMS, compute._BUILT, sched._PROGRAMS, sched._GRAPHS,
-                  sched._CACHE, footprint._PLACED, dims._REPLAY_CACHE):  # fmt: skip
-        cache.clear()
+    _forget()  # every sizing cache: what they kept is freed now, not left for the collector
     assert gc.collect() == 0

@@ -251,7 +251,7 @@ def _replay_plan(meta: ModelMeta) -> tuple[tuple[int, ...], int]:
     hit = _REPLAY_CACHE.get(id(meta))
     if hit is not None and hit[0] is meta:
         return hit[1]
-    plan = _replay_layers_uncached(meta)
+    plan = _replay_plan_uncached(meta)
     if len(_REPLAY_CACHE) >= CACHE_KEPT:
         _REPLAY_CACHE.clear()
     _REPLAY_CACHE[id(meta)] = (meta, plan)
@@ -289,7 +289,7 @@ def layer_signatures(meta: ModelMeta) -> tuple[int, ...]:
 _SIGNATURES: dict[int, tuple[ModelMeta, tuple[int, ...]]] = {}
 
 
-def _replay_layers_uncached(meta: ModelMeta) -> tuple[tuple[int, ...], int]:
+def _replay_plan_uncached(meta: ModelMeta) -> tuple[tuple[int, ...], int]:
     """(replay_layers, replay_period)."""
     n = meta.n_layer
     if n <= 3:
