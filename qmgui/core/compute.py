@@ -287,6 +287,12 @@ def _reserve_bytes(meta: ModelMeta, r: Resolved, build: Build, embeddings: bool)
         else:
             if d is None:
                 d = dims(meta, r, embeddings)
+            if not seen_before(meta, key, _SEEN):
+                with GRAPHS_LOCK:  # asked once so far: walked plainly (see seen_before)
+                    graph = built(meta, build, d, shape)
+                    graph.restore()
+                    peak = max(peak, peak_bytes(graph.g))
+                continue
             prog = _program(meta, build, d, shape)
             if len(_PROGRAMS) >= 16 * CACHE_KEPT:
                 _PROGRAMS.clear()
@@ -300,6 +306,38 @@ def _reserve_bytes(meta: ModelMeta, r: Resolved, build: Build, embeddings: bool)
         elif prog.bound(u, v) > peak:  # a graph that cannot outgrow the peak is not walked
             peak = max(peak, prog.peak(u, v))
     return peak
+
+
+def seen_before(
+    meta: ModelMeta, key: tuple[object, ...], seen: dict[tuple[object, ...], tuple[ModelMeta, None]]
+) -> bool:
+    """Whether a graph structure (`key`) was asked before, noting it in `seen` if not.
+    Compiling a structure's walk costs about two plain walks plus the symbolic graph's build
+    and its check against the real one (verified), so a structure asked once (a single
+    estimate: the window opening a model, a library's fit badges) is walked plainly over
+    the graph built at its context, which the scheduler's first walk shares (built), and
+    compiled when asked again (a slider moved, a second estimate). Within `searching()` (a
+    search, which asks again) every structure is compiled at its first ask."""
+    if _SEARCHING.get():
+        return True
+    hit = seen.get(key)
+    if hit is not None and hit[0] is meta:
+        return True
+    if len(seen) >= 16 * CACHE_KEPT:
+        seen.clear()
+    seen[key] = (meta, None)
+    return False
+
+
+# set while a search that asks each structure again runs (core.fit.max_context: the top
+# context, then its steps): its first ask compiles at once rather than walk plainly first.
+# Per thread (a ContextVar): a worker's search leaves the others' asks as they are
+_SEARCHING: ContextVar[bool] = ContextVar("compute_searching", default=False)
+
+
+def searching() -> contextlib.AbstractContextManager[None]:
+    """Within: every structure is compiled at its first ask (see seen_before)."""
+    return switched_on(_SEARCHING)
 
 
 def _reserve_bytes_plain(meta: ModelMeta, r: Resolved, build: Build, embeddings: bool) -> int:
@@ -408,6 +446,7 @@ def _built_key(meta: ModelMeta, build: Build, d: Dims, shape: Shape) -> tuple[ob
 # per symbolic graph (its _BUILT key): whether it is the real graph (verified)
 _VERIFIED: dict[tuple[object, ...], tuple[ModelMeta, bool]] = {}
 _PROGRAMS: dict[tuple[object, ...], tuple[ModelMeta, Program | None]] = {}
+_SEEN: dict[tuple[object, ...], tuple[ModelMeta, None]] = {}  # structures walked plainly once
 
 
 def output_buffer_bytes(meta: ModelMeta, r: Resolved, *, embeddings: bool | None = None) -> int:

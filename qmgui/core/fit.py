@@ -12,13 +12,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise
 
-from qmgui.core.compute import prompt_only
+from qmgui.core.compute import prompt_only, searching
 from qmgui.core.errors import SizingError
 from qmgui.core.footprint import CPU, DeviceFootprint, EngineRules, Footprint, Gpu, estimate
 from qmgui.core.gcpause import while_paused
 from qmgui.core.launch import CTX_PAD, LaunchSettings
 from qmgui.core.meta import ModelMeta
-from qmgui.core.sched import searching
 from qmgui.core.units import MIB, format_bytes
 
 # Per-GPU headroom left unplanned. The backend's context is in the plan now (each card's
@@ -239,7 +238,7 @@ def max_context(
     that candidate to the exact answer (compute buffers change little from one 256-cell step
     to the next, so this takes a few full estimates instead of one per bisection step).
     Every estimate of the search shares its graph structures, so the scheduler compiles
-    them at their first ask (core.sched.searching)."""
+    them at their first ask (core.compute.searching)."""
     with searching():
         return _max_context(meta, settings, budget, mmproj)
 

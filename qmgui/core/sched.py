@@ -40,12 +40,10 @@ built for every context, the reference the compiled one must equal (and the fall
 
 from __future__ import annotations
 
-import contextlib
 import math
 import re
 import weakref
 from collections.abc import Callable, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -60,7 +58,7 @@ from qmgui.core.compute import (
     check_graph_size,
     graph_fault,
     is_embedding,
-    switched_on,
+    seen_before,
     verified,
 )
 from qmgui.core.errors import SizingError
@@ -855,34 +853,15 @@ def _walk_plain(
 
 
 def _seen_before(meta: ModelMeta, graph_key: tuple[object, ...]) -> bool:
-    """Whether a graph structure was asked before. Compiling costs about two plain walks, so
-    a launch with every layer on the GPU, asked once (a library's fit badges: one launch per
-    model), is walked plainly, and compiled when it is asked again (a slider moved, the next
-    step of a fit search). Graphs built whole (anything in host memory) are compiled at once:
-    a fit search over -ngl or --n-cpu-moe asks one graph with many offloads, and they share
-    its symbolic build. Within `searching()` (a context search, which asks again) every
-    structure is compiled at its first ask."""
-    if _SEARCHING.get():
+    """Whether a graph structure was asked before (compute.seen_before: a launch with every
+    layer on the GPU asked once is walked plainly, over core.compute's graph of the same
+    context, and compiled when asked again), or its symbolic graph is built already. Graphs
+    built whole (anything in host memory) are compiled at once: a fit search over -ngl or
+    --n-cpu-moe asks one graph with many offloads, and they share its symbolic build."""
+    hit = _GRAPHS.get(graph_key)
+    if hit is not None and hit[0] is meta:
         return True
-    for cache in (_GRAPHS, _SEEN):
-        hit = cache.get(graph_key)
-        if hit is not None and hit[0] is meta:
-            return True
-    if len(_SEEN) >= _PROGRAMS_KEPT:
-        _SEEN.clear()
-    _SEEN[graph_key] = (meta, None)
-    return False
-
-
-# set while a search that asks each structure again runs (core.fit.max_context: the top
-# context, then its steps): its first ask compiles at once rather than walk plainly first.
-# Per thread (a ContextVar): a worker's search leaves the others' asks as they are
-_SEARCHING: ContextVar[bool] = ContextVar("sched_searching", default=False)
-
-
-def searching() -> contextlib.AbstractContextManager[None]:
-    """Within: every structure is compiled at its first ask (see _seen_before)."""
-    return switched_on(_SEARCHING)
+    return seen_before(meta, graph_key, _SEEN)
 
 
 @dataclass(frozen=True)

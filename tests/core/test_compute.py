@@ -392,6 +392,38 @@ def test_the_compiled_walk_gives_the_plain_builds_bytes(
     assert len(programs) < checked
 
 
+def test_a_structure_asked_once_is_walked_plainly_and_compiled_when_asked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A single estimate walks its graphs plainly (compiling costs a symbolic build and its
+    check on top); the structure's second ask compiles, and a search compiles at the first.
+    Each ask gives the plain build's bytes."""
+    import qmgui.core.compute as compute_mod
+
+    meta = _models()["r-qwen3next"]
+    build, _ = compute_mod._layout(meta)
+    base = _resolved(_rows("r-qwen3next")[0])
+    for name in ("_PROGRAMS", "_SEEN", "_BUILT", "_VERIFIED"):
+        monkeypatch.setattr(compute_mod, name, {})
+    for n, cells in enumerate((512, 1024, 4096)):
+        r = _at_cells(base, cells)
+        assert compute_mod._reserve_bytes(meta, r, build, False) == (
+            compute_mod._reserve_bytes_plain(meta, r, build, False)
+        )
+        assert len(compute_mod._SEEN) == 2  # the prompt and the token-generation graph
+        assert len(compute_mod._PROGRAMS) == (0 if n == 0 else 2)
+    assert all(prog is not None for _, prog in compute_mod._PROGRAMS.values())
+    monkeypatch.setattr(compute_mod, "_PROGRAMS", {})
+    monkeypatch.setattr(compute_mod, "_SEEN", {})
+    with compute_mod.searching():
+        r = _at_cells(base, 2048)
+        assert compute_mod._reserve_bytes(meta, r, build, False) == (
+            compute_mod._reserve_bytes_plain(meta, r, build, False)
+        )
+    assert len(compute_mod._PROGRAMS) == 2
+    assert not compute_mod._SEEN
+
+
 def test_the_compiled_allocator_is_ggml_allocs_best_fit() -> None:
     """ggml.compile.run_best_fit (the inlined allocator) against ggml.alloc.Arena on random walks:
     sizes of all kinds (zero, tiny, equal, large) allocated and freed in random orders."""

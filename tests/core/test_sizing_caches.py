@@ -1,5 +1,5 @@
 """The sizing's caches change no result: footprint's kept weight placements, the graphs
-core.compute and core.sched share (compute.built), and sched.searching. Each figure is
+core.compute and core.sched share (compute.built), and compute.searching. Each figure is
 compared with the same call on caches emptied first, and with calls from several threads."""
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ def _forget() -> None:
         compute._BYTES_CACHE,
         compute._BUILT,
         compute._VERIFIED,
+        compute._SEEN,
         dims._REPLAY_CACHE,
         dims._SIGNATURES,
         sched._LAYERS,
