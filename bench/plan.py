@@ -88,7 +88,7 @@ MODELS: dict[str, tuple[str, SynthSpec]] = {
 # every cache the sizing keeps across calls; a name that is gone fails the bench (a first
 # call that found a cache filled would be measured as fast)
 CACHES = {
-    compute: ("_PROGRAMS", "_BYTES_CACHE", "_BUILT", "_VERIFIED", "_SEEN"),
+    compute: ("_PROGRAMS", "_BYTES_CACHE", "_BUILT", "_VERIFIED", "_SEEN", "_PEAKS"),
     dims: ("_REPLAY_CACHE", "_SIGNATURES"),
     sched: ("_PROGRAMS", "_GRAPHS", "_SEEN", "_CACHE", "_SIZES", "_LAYERS"),
     footprint: ("_TABLES", "_PLACED"),

@@ -281,6 +281,10 @@ def _reserve_bytes(meta: ModelMeta, r: Resolved, build: Build, embeddings: bool)
     peak = 0
     for shape in _reserve_shapes(r, embeddings):
         key = (*structure, shape)
+        known = _PEAKS.get((key, u, v))
+        if known is not None and known[0] is meta:  # this graph at this context, sized before
+            peak = max(peak, known[1])
+            continue
         hit = _PROGRAMS.get(key)
         if hit is not None and hit[0] is meta:
             prog = hit[1]
@@ -291,7 +295,7 @@ def _reserve_bytes(meta: ModelMeta, r: Resolved, build: Build, embeddings: bool)
                 with GRAPHS_LOCK:  # asked once so far: walked plainly (see seen_before)
                     graph = built(meta, build, d, shape)
                     graph.restore()
-                    peak = max(peak, peak_bytes(graph.g))
+                    peak = max(peak, _kept_peak(meta, key, u, v, peak_bytes(graph.g)))
                 continue
             prog = _program(meta, build, d, shape)
             if len(_PROGRAMS) >= 16 * CACHE_KEPT:
@@ -302,9 +306,17 @@ def _reserve_bytes(meta: ModelMeta, r: Resolved, build: Build, embeddings: bool)
                 d = dims(meta, r, embeddings)
             b = Builder(d, shape)
             build(b)
-            peak = max(peak, peak_bytes(b.g))
+            peak = max(peak, _kept_peak(meta, key, u, v, peak_bytes(b.g)))
         elif prog.bound(u, v) > peak:  # a graph that cannot outgrow the peak is not walked
-            peak = max(peak, prog.peak(u, v))
+            peak = max(peak, _kept_peak(meta, key, u, v, prog.peak(u, v)))
+    return peak
+
+
+def _kept_peak(meta: ModelMeta, key: tuple[object, ...], u: int, v: int, peak: int) -> int:
+    """`peak`, kept as the peak of graph `key` at cells u, v (see _PEAKS)."""
+    if len(_PEAKS) >= 64 * CACHE_KEPT:
+        _PEAKS.clear()
+    _PEAKS[(key, u, v)] = (meta, peak)
     return peak
 
 
@@ -447,6 +459,10 @@ def _built_key(meta: ModelMeta, build: Build, d: Dims, shape: Shape) -> tuple[ob
 _VERIFIED: dict[tuple[object, ...], tuple[ModelMeta, bool]] = {}
 _PROGRAMS: dict[tuple[object, ...], tuple[ModelMeta, Program | None]] = {}
 _SEEN: dict[tuple[object, ...], tuple[ModelMeta, None]] = {}  # structures walked plainly once
+# per graph (structure and shape) and cells: its peak, where it was sized exactly. A fit
+# search sizes a context's prompt graph alone first (prompt_only) and then both graphs, or
+# the reverse: the graph sized once either way
+_PEAKS: dict[tuple[object, ...], tuple[ModelMeta, int]] = {}
 
 
 def output_buffer_bytes(meta: ModelMeta, r: Resolved, *, embeddings: bool | None = None) -> int:

@@ -237,15 +237,9 @@ def max_context(
     compute buffers measured once at the top of the range, then full estimates that walk from
     that candidate to the exact answer (compute buffers change little from one 256-cell step
     to the next, so this takes a few full estimates instead of one per bisection step).
-    Every estimate of the search shares its graph structures, so the scheduler compiles
-    them at their first ask (core.compute.searching)."""
-    with searching():
-        return _max_context(meta, settings, budget, mmproj)
-
-
-def _max_context(
-    meta: ModelMeta, settings: LaunchSettings, budget: Budget, mmproj: ModelMeta | None
-) -> FitResult:
+    The estimates of the context search share their graph structures, so each structure's
+    walk is compiled at its first ask (core.compute.searching); a launch over a limit at the
+    smallest context asks its structure once, and is walked plainly."""
     trained = meta.context_length or 4096
     top = max(trained // CTX_PAD, 1)
 
@@ -264,9 +258,10 @@ def _max_context(
     if not cheap_fits(1):  # over a limit without any compute buffer: no context fits
         best: int | None = None
     else:
-        high = estimate(meta, at(top), budget.gpus, rules=budget.rules, mmproj=mmproj)
-        extra.update((d.name, d.compute) for d in high.devices)
-        best = _context_from_guess(largest(1, top, cheap_fits) or 1, top, fits_at)
+        with searching():
+            high = estimate(meta, at(top), budget.gpus, rules=budget.rules, mmproj=mmproj)
+            extra.update((d.name, d.compute) for d in high.devices)
+            best = _context_from_guess(largest(1, top, cheap_fits) or 1, top, fits_at)
     if best is None:
         smallest = check(meta, at(1), budget, mmproj=mmproj)
         nearest = _nearest_offload(meta, at(1), budget, mmproj)
@@ -302,12 +297,15 @@ def offload_for_context(
     meta: ModelMeta, settings: LaunchSettings, budget: Budget, *, mmproj: ModelMeta | None = None
 ) -> FitResult:
     """The most GPU layers (`-ngl`) and, for MoE models, the fewest `--n-cpu-moe` layers that
-    fit the requested context."""
-    full = check(meta, settings, budget, mmproj=mmproj)
-    if full.fits or not budget.gpus:
+    fit the requested context. The launch as asked is sized without its compute buffers
+    first (_fits): when that is over a limit already, the answer is another offload's plan,
+    and the asked one's compute buffers are sized only if no offload fits (for its reason)."""
+    if _fits(meta, settings, budget, mmproj) or not budget.gpus:
+        full = check(meta, settings, budget, mmproj=mmproj)
         return full if full.fits else replace(full, nearest=None)
     nearest = _nearest_offload(meta, settings, budget, mmproj)
     if nearest is None:
+        full = check(meta, settings, budget, mmproj=mmproj)
         return replace(full, reason=f"{full.reason}, even with every layer on the CPU")
     fitted = check(meta, nearest, budget, mmproj=mmproj)
     return replace(fitted, nearest=nearest)

@@ -78,7 +78,7 @@ def unlaid(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.delitem(models.INDEX, "deepseek4")
     monkeypatch.setitem(compute._NO_LAYOUT, "deepseek4", "treated as unlaid by the test")
-    for name in ("_BYTES_CACHE", "_PROGRAMS", "_BUILT"):
+    for name in ("_BYTES_CACHE", "_PROGRAMS", "_BUILT", "_PEAKS", "_SEEN"):
         monkeypatch.setattr(compute, name, {})
 
 

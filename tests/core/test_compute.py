@@ -371,6 +371,7 @@ def test_the_compiled_walk_gives_the_plain_builds_bytes(
     import qmgui.core.compute as compute_mod
 
     monkeypatch.setattr(compute_mod, "_PROGRAMS", {})
+    monkeypatch.setattr(compute_mod, "_PEAKS", {})
     meta = _models()[model]
     build, _ = compute_mod._layout(meta)
     rows = _rows(model)[:: max(1, len(_rows(model)) // 8)]
@@ -403,7 +404,7 @@ def test_a_structure_asked_once_is_walked_plainly_and_compiled_when_asked_again(
     meta = _models()["r-qwen3next"]
     build, _ = compute_mod._layout(meta)
     base = _resolved(_rows("r-qwen3next")[0])
-    for name in ("_PROGRAMS", "_SEEN", "_BUILT", "_VERIFIED"):
+    for name in ("_PROGRAMS", "_SEEN", "_BUILT", "_VERIFIED", "_PEAKS"):
         monkeypatch.setattr(compute_mod, name, {})
     for n, cells in enumerate((512, 1024, 4096)):
         r = _at_cells(base, cells)
@@ -413,8 +414,8 @@ def test_a_structure_asked_once_is_walked_plainly_and_compiled_when_asked_again(
         assert len(compute_mod._SEEN) == 2  # the prompt and the token-generation graph
         assert len(compute_mod._PROGRAMS) == (0 if n == 0 else 2)
     assert all(prog is not None for _, prog in compute_mod._PROGRAMS.values())
-    monkeypatch.setattr(compute_mod, "_PROGRAMS", {})
-    monkeypatch.setattr(compute_mod, "_SEEN", {})
+    for name in ("_PROGRAMS", "_SEEN", "_PEAKS"):
+        monkeypatch.setattr(compute_mod, name, {})
     with compute_mod.searching():
         r = _at_cells(base, 2048)
         assert compute_mod._reserve_bytes(meta, r, build, False) == (
@@ -422,6 +423,32 @@ def test_a_structure_asked_once_is_walked_plainly_and_compiled_when_asked_again(
         )
     assert len(compute_mod._PROGRAMS) == 2
     assert not compute_mod._SEEN
+
+
+def test_a_graph_sized_at_a_context_is_not_sized_again_for_the_prompt_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fit search sizes a candidate's prompt graph alone (prompt_only), then both graphs:
+    each graph at each context is sized once (compute._PEAKS), and the prompt graph's
+    figure is the plain build's."""
+    import qmgui.core.compute as compute_mod
+
+    meta = _models()["r-qwen3next"]
+    build, _ = compute_mod._layout(meta)
+    base = _resolved(_rows("r-qwen3next")[0])
+    for name in ("_PROGRAMS", "_SEEN", "_BUILT", "_VERIFIED", "_PEAKS", "_BYTES_CACHE"):
+        monkeypatch.setattr(compute_mod, name, {})
+    r = _at_cells(base, 1024)
+    both = compute_mod._reserve_bytes(meta, r, build, False)
+    walks: list[object] = []
+    monkeypatch.setattr(compute_mod, "peak_bytes", lambda g: walks.append(g) or 0)
+    monkeypatch.setattr(compute_mod, "_program", lambda *a: walks.append(a))
+    with compute_mod.prompt_only():
+        prompt = compute_mod._reserve_bytes(meta, r, build, False)
+    assert not walks
+    monkeypatch.undo()
+    with compute_mod.prompt_only():
+        assert prompt == compute_mod._reserve_bytes_plain(meta, r, build, False) <= both
 
 
 def test_the_compiled_allocator_is_ggml_allocs_best_fit() -> None:
@@ -494,6 +521,7 @@ def test_structures_a_context_could_change_fall_back_to_the_plain_build(
         g.expand(g.mul_mat(g.weight(b.d.n_kv, 8), g.op("add", wide, wide)))
 
     monkeypatch.setattr(compute_mod, "_PROGRAMS", {})
+    monkeypatch.setattr(compute_mod, "_PEAKS", {})
     meta = _models()["r-gemma3"]  # sliding window: n_kv_swa below n_kv at long contexts
     row = next(r for r in _rows("r-gemma3") if r["swa_full"] == "0" and r["np"] == "1")
     base = _resolved(row)

@@ -173,7 +173,7 @@ def test_a_walk_compiled_above_the_indexer_selection_is_not_replayed_below_it(
     meta = replace(meta, indexer_top_k=2048)
     build, _ = compute._layout(meta, mixed_batch=True)
     for order in ((8192, 1024, 3072), (1024, 8192, 3072)):
-        for name in ("_PROGRAMS", "_BUILT"):
+        for name in ("_PROGRAMS", "_BUILT", "_PEAKS"):
             monkeypatch.setattr(compute, name, {})
         for ctx in order:
             r = resolve(meta, LaunchSettings(ctx_size=ctx, parallel=1))

@@ -31,6 +31,7 @@ def _forget() -> None:
         compute._BUILT,
         compute._VERIFIED,
         compute._SEEN,
+        compute._PEAKS,
         dims._REPLAY_CACHE,
         dims._SIGNATURES,
         sched._LAYERS,
