@@ -473,8 +473,12 @@ def _split(g: Graph, be: dict[int, int], sizes: _Sizes) -> list[_Split]:
         if t.op in _VIEW_OPS:
             continue
         b = be[id(t)]
-        # the sources read from the other backend (most nodes: none)
-        across = [j for j, s in enumerate(t.src) if get(id(s), HOST) != b]
+        # the sources read from the other backend (most nodes: none, found without a list)
+        across: list[int] = []
+        for s in t.src:
+            if get(id(s), HOST) != b:
+                across = [j for j, s in enumerate(t.src) if get(id(s), HOST) != b]
+                break
         new = cur is None or b != cur.backend
         if not new and cur is not None and cur.inputs and across:
             # a weight from the other backend: a new split frees the previous weight copies
@@ -510,7 +514,7 @@ def _copy_of(s: Tensor, reader: Tensor, sizes: _Sizes) -> Tensor:
         # matrices in their file type; norm weights and biases are F32 vectors
         n = sizes.of(s) if reader.op in ("mul_mat", "mul_mat_id") else s.nelements * 4
         return Tensor("i8", (n,))
-    return Tensor(s.type, s.ne, nb=s.nb)
+    return Tensor(s.type, s.ne, "none", (), None, s.nb)
 
 
 # --- ggml_vk_graph_optimize ---------------------------------------------------------------------
@@ -712,7 +716,8 @@ def _run_walk(
         for s in t.src:  # _alloc's own first test, inline: most sources are placed already
             if not (s.external or s.allocated or s.view_src is not None):
                 _alloc(a, s, same)
-        _alloc(a, t, same)
+        if not (t.external or t.allocated or t.view_src is not None):  # views need nothing
+            _alloc(a, t, same)
         for p in t.src:  # _release's first steps, inline: most sources have readers left
             p.n_children -= 1
             if not (p.n_children or p.n_views or (p.view_src is not None and p.op == "none")):
@@ -739,7 +744,7 @@ def _sequence(g: Graph, be: dict[int, int], splits: Sequence[_Split], o: Offload
     for sp in splits:
         for src, cp in sp.inputs:
             # input_dep keeps the source alive until it is copied (a GGML_OP_NONE view of it)
-            dep = Tensor(src.type, src.ne, op="none", src=(src,), view_src=src, nb=src.nb)
+            dep = Tensor(src.type, src.ne, "none", (src,), src, src.nb)
             be[id(dep)] = be.get(id(src), HOST)
             seq += (dep, cp)
         part = g.nodes[sp.start : sp.end]

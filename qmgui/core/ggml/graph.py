@@ -22,6 +22,13 @@ class Graph:
         """ggml_visit_parents: depth-first over sources in order, each tensor once."""
         if t.visited:
             return t
+        for s in t.src:
+            if not s.visited:
+                break
+        else:  # every source placed already (an op expanded as it is made): no walk
+            t.visited = True
+            (self.leafs if t.op == "none" else self.nodes).append(t)
+            return t
         t.visited = True
         add_node, add_leaf = self.nodes.append, self.leafs.append
         stack: list[tuple[Tensor, Iterator[Tensor]]] = [(t, iter(t.src))]
@@ -42,7 +49,7 @@ class Graph:
     # -- leaves -----------------------------------------------------------------------------
 
     def weight(self, *ne: int) -> Tensor:
-        t = Tensor("f16", ne, external=True)
+        t = Tensor("f16", ne, "none", (), None, None, True)
         t.layer = self.layer
         t.is_weight = True
         return t
@@ -54,7 +61,7 @@ class Graph:
         return t
 
     def cache(self, type_: str, *ne: int) -> Tensor:
-        t = Tensor(type_, ne, external=True)
+        t = Tensor(type_, ne, "none", (), None, None, True)
         t.layer = self.layer
         return t
 
@@ -70,14 +77,16 @@ class Graph:
     def view(a: Tensor, ne: Sequence[int], nb: Sequence[int] = ()) -> Tensor:
         """ggml_view_Nd: `nb` are strides 1..3; missing ones follow contiguously."""
         ne4 = (*ne, 1, 1, 1, 1)[:4]
-        full = [a.nb[0], 0, 0, 0]
-        for i in range(1, 4):
-            full[i] = nb[i - 1] if i - 1 < len(nb) else full[i - 1] * ne4[i - 1]
-        return Tensor(a.type, ne4, op="view", src=(a,), view_src=a, nb=full)
+        n = len(nb)
+        nb0 = a.nb[0]
+        nb1 = nb[0] if n > 0 else nb0 * ne4[0]
+        nb2 = nb[1] if n > 1 else nb1 * ne4[1]
+        nb3 = nb[2] if n > 2 else nb2 * ne4[2]
+        return Tensor(a.type, ne4, "view", (a,), a, (nb0, nb1, nb2, nb3))
 
     @staticmethod
     def reshape(a: Tensor, *ne: int) -> Tensor:
-        return Tensor(a.type, ne, op="reshape", src=(a,), view_src=a)
+        return Tensor(a.type, ne, "reshape", (a,), a)
 
     @staticmethod
     def permute(a: Tensor, *axes: int) -> Tensor:
@@ -86,24 +95,22 @@ class Graph:
         for i, ax in enumerate(axes):
             ne[ax] = a.ne[i]
             nb[ax] = a.nb[i]
-        return Tensor(a.type, ne, op="permute", src=(a,), view_src=a, nb=nb)
+        return Tensor(a.type, ne, "permute", (a,), a, nb)
 
     @staticmethod
     def transpose(a: Tensor) -> Tensor:
         ne = (a.ne[1], a.ne[0], a.ne[2], a.ne[3])
         nb = (a.nb[1], a.nb[0], a.nb[2], a.nb[3])
-        return Tensor(a.type, ne, op="transpose", src=(a,), view_src=a, nb=nb)
+        return Tensor(a.type, ne, "transpose", (a,), a, nb)
 
     @staticmethod
     def set_rows(dst: Tensor, rows: Tensor, idxs: Tensor) -> Tensor:
         """ggml_set_rows: a view of the destination (the KV cache), sources rows, idxs, dst."""
-        return Tensor(
-            dst.type, dst.ne, op="set_rows", src=(rows, idxs, dst), view_src=dst, nb=dst.nb
-        )
+        return Tensor(dst.type, dst.ne, "set_rows", (rows, idxs, dst), dst, dst.nb)
 
     @staticmethod
     def cpy(a: Tensor, dst: Tensor) -> Tensor:
-        return Tensor(dst.type, dst.ne, op="cpy", src=(a, dst), view_src=dst, nb=dst.nb)
+        return Tensor(dst.type, dst.ne, "cpy", (a, dst), dst, dst.nb)
 
     # -- computing ops ----------------------------------------------------------------------
 
@@ -112,26 +119,26 @@ class Graph:
         name: str, a: Tensor, *src: Tensor, ne: Sequence[int] | None = None, type_: str = ""
     ) -> Tensor:
         """A new contiguous result: `a`'s shape and type unless told (ggml_dup_tensor)."""
-        return Tensor(type_ or a.type, ne if ne is not None else a.ne, op=name, src=(a, *src))
+        return Tensor(type_ or a.type, ne if ne is not None else a.ne, name, (a, *src))
 
     def cont(self, a: Tensor, *ne: int) -> Tensor:
         return self.op("cont", a, ne=ne or a.ne)
 
     @staticmethod
     def mul_mat(a: Tensor, b: Tensor) -> Tensor:
-        return Tensor("f32", (a.ne[1], b.ne[1], b.ne[2], b.ne[3]), op="mul_mat", src=(a, b))
+        return Tensor("f32", (a.ne[1], b.ne[1], b.ne[2], b.ne[3]), "mul_mat", (a, b))
 
     @staticmethod
     def mul_mat_id(a: Tensor, b: Tensor, ids: Tensor) -> Tensor:
-        return Tensor("f32", (a.ne[1], ids.ne[0], b.ne[2], 1), op="mul_mat_id", src=(a, b, ids))
+        return Tensor("f32", (a.ne[1], ids.ne[0], b.ne[2], 1), "mul_mat_id", (a, b, ids))
 
     @staticmethod
     def get_rows(a: Tensor, b: Tensor) -> Tensor:
         type_ = "i32" if a.type == "i32" else "f32"
-        return Tensor(type_, (a.ne[0], b.ne[0], b.ne[1], b.ne[2]), op="get_rows", src=(a, b))
+        return Tensor(type_, (a.ne[0], b.ne[0], b.ne[1], b.ne[2]), "get_rows", (a, b))
 
     @staticmethod
     def concat(a: Tensor, b: Tensor, dim: int) -> Tensor:
         ne = list(a.ne)
         ne[dim] += b.ne[dim]
-        return Tensor(a.type, ne, op="concat", src=(a, b))
+        return Tensor(a.type, ne, "concat", (a, b))

@@ -47,17 +47,18 @@ class Tensor:
     ne: tuple[int, ...]
     nb: tuple[int, ...]
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 - positional for speed (below)
         self,
         type_: str,
         ne: Sequence[int],
-        *,
         op: str = "none",
         src: Sequence[Tensor] = (),
         view_src: Tensor | None = None,
         nb: Sequence[int] | None = None,
         external: bool = False,
     ) -> None:
+        # positional parameters: the graph's constructors (ggml.graph) make every tensor, and
+        # a call with keywords costs CPython 40% more (a dict for them)
         self.type = type_
         if len(ne) != 4:
             ne = (*ne, 1, 1, 1, 1)[:4]
@@ -74,22 +75,16 @@ class Tensor:
         self.op = op
         self.src = src if type(src) is tuple else tuple(src)
         # ggml_new_tensor_impl: a view of a view points at the root tensor
-        root = view_src
         if view_src is not None and view_src.view_src is not None:
-            root = view_src.view_src
-        self.view_src: Tensor | None = root
+            view_src = view_src.view_src
+        self.view_src: Tensor | None = view_src
         self.external = external  # weights, KV cache, recurrent state: not in this buffer
         # where an external tensor lives (core.sched places it): its layer (-1: the input
         # layer, n_layer: the output layer) and whether it is an expert tensor
         self.layer = -1
-        self.expert = False
-        self.is_weight = False
-        self.is_output = False
-        self.n_children = 0
-        self.n_views = 0
-        self.allocated = False
-        self.offset = 0
-        self.visited = False  # reached by Graph.expand
+        self.expert = self.is_weight = self.is_output = False
+        self.allocated = self.visited = False  # visited: reached by Graph.expand
+        self.n_children = self.n_views = self.offset = 0
 
     @property
     def nelements(self) -> int:
