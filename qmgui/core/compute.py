@@ -293,9 +293,8 @@ def _reserve_bytes(meta: ModelMeta, r: Resolved, build: Build, embeddings: bool)
                 d = dims(meta, r, embeddings)
             if not seen_before(meta, key, _SEEN):
                 with GRAPHS_LOCK:  # asked once so far: walked plainly (see seen_before)
-                    graph = built(meta, build, d, shape)
-                    graph.restore()
-                    peak = max(peak, _kept_peak(meta, key, u, v, peak_bytes(graph.g)))
+                    graph = built(meta, build, d, shape).walked()
+                    peak = max(peak, _kept_peak(meta, key, u, v, peak_bytes(graph)))
                 continue
             prog = _program(meta, build, d, shape)
             if len(_PROGRAMS) >= 16 * CACHE_KEPT:
@@ -369,8 +368,7 @@ def _program(meta: ModelMeta, build: Build, d: Dims, shape: Shape) -> Program | 
         sym = verified(meta, build, d, shape)
         if sym is None:
             return None
-        sym.restore()
-        return compile_walk(sym.g)
+        return compile_walk(sym.walked())
 
 
 def verified(meta: ModelMeta, build: Build, d: Dims, shape: Shape) -> KeptGraph | None:
@@ -378,7 +376,7 @@ def verified(meta: ModelMeta, build: Build, d: Dims, shape: Shape) -> KeptGraph 
     built at d's cells (ggml.compile.same_graph): then it stands for every context, for the
     CPU's walk here and the scheduler's (core.sched). None if not. Checked once per
     structure (the verdict kept apart from the graphs, which _BUILT may drop). Call with
-    GRAPHS_LOCK held, and restore() before walking it."""
+    GRAPHS_LOCK held, and walk it through walked()."""
     d_sym = replace(d, n_kv=CELLS * SYM_U, n_kv_swa=CELLS * SYM_V)
     key = _built_key(meta, build, d_sym, shape)
     hit = _VERIFIED.get(key)
@@ -401,14 +399,26 @@ def verified(meta: ModelMeta, build: Build, d: Dims, shape: Shape) -> KeptGraph 
 
 
 class KeptGraph:
-    """A built graph kept for more walks, and what a walk changes in it, to restore."""
+    """A built graph kept for more walks, and what a walk changes in it, to restore. A walk
+    takes the graph through walked(); whoever reads it otherwise restore()s it first (a
+    no-op where nothing walked it since)."""
 
     def __init__(self, g: Graph) -> None:
         self.g = g
         self.srcs = tuple(t.src for t in g.nodes)
+        self.dirty = False  # walked since it was built or restored
+
+    def walked(self) -> Graph:
+        """The graph as built, to walk (and restore before its next use)."""
+        self.restore()
+        self.dirty = True
+        return self.g
 
     def restore(self) -> None:
         """The graph as built: no counters, nothing placed, the sources it was built with."""
+        if not self.dirty:
+            return
+        self.dirty = False
         for t in self.g.leafs:
             t.n_children = t.n_views = t.offset = 0
             t.allocated = False
@@ -431,7 +441,7 @@ _DIMS_HASHED = tuple(f.name for f in fields(Dims) if f.name != "shapes")  # shap
 
 def built(meta: ModelMeta, build: Build, d: Dims, shape: Shape) -> KeptGraph:
     """`build`'s graph over `d` and `shape`, built once (see _BUILT). Call with GRAPHS_LOCK
-    held, and restore() before walking it."""
+    held, and walk it through walked()."""
     key = _built_key(meta, build, d, shape)
     hit = _BUILT.get(key)
     if hit is not None and hit[0] is meta:

@@ -852,9 +852,7 @@ def _walk_plain(
         build(b)
         return _walk(b.g, offload, sizes, meta.n_layer)
     with GRAPHS_LOCK:
-        graph = built(meta, build, d, shape)
-        graph.restore()
-        return _walk(graph.g, offload, sizes, meta.n_layer)
+        return _walk(built(meta, build, d, shape).walked(), offload, sizes, meta.n_layer)
 
 
 def _seen_before(meta: ModelMeta, graph_key: tuple[object, ...]) -> bool:
@@ -959,17 +957,13 @@ def _compile(
         sizes: list[int] = []
         arena_of: list[int] = []
         rec = (_Recorder(GPU, sizes, arena_of), _Recorder(HOST, sizes, arena_of))
-        graph.restore()  # core.compute may have walked it since
+        g = graph.walked()  # restored: core.compute or another offload may have walked it since
         try:
             sizes_of = _host_weight_sizes(meta)
-            _run_walk(
-                graph.g, offload, sizes_of, meta.n_layer, arenas=rec, same=same_layout_symbolic
-            )
+            _run_walk(g, offload, sizes_of, meta.n_layer, arenas=rec, same=same_layout_symbolic)
             return _program(rec, sizes, arena_of, (_gpu_alignment(offload), HOST_ALIGNMENT))
         except NotAffine:
             return None
-        finally:
-            graph.restore()
 
 
 def _program(
@@ -1024,6 +1018,7 @@ def _sym_graph(
             return None
         ok = _SCHEDULABLE.get(sym)
         if ok is None:
+            sym.restore()  # its sources as built (a walk may have rewired them)
             ok = _SCHEDULABLE[sym] = _schedulable(sym.g)
         return sym if ok else None
     # an offload's layers (_layers) are runs of the base's layers: each of them is built as a
