@@ -318,8 +318,9 @@ def _largest_sized(
     """`largest(lo, hi, n -> cand(n) fits)` in a few full estimates, as max_context searches:
     each candidate is a new offload, whose compute buffers cost a compile of the scheduler's
     walk at first, so the bisection runs on the cheap part plus the compute buffers of
-    `cand(hi)` (measured once), and full checks gallop from that guess, up or down, to the
-    answer (the fits' own answer, whatever the guess)."""
+    `cand(hi)` (measured once, over the prompt graph: the guess needs no more), and full
+    checks gallop from that guess, up or down, to the answer (the fits' own answer,
+    whatever the guess)."""
     known: dict[int, bool] = {}
 
     def ok(n: int) -> bool:
@@ -336,7 +337,8 @@ def _largest_sized(
 
     if not cheap_ok(lo):  # over a limit without any compute buffer: nothing fits
         return None
-    top = estimate(meta, cand(hi), budget.gpus, rules=budget.rules, mmproj=mmproj)
+    with prompt_only():  # a guess: the prompt graph's buffers (the larger, as a rule) do
+        top = estimate(meta, cand(hi), budget.gpus, rules=budget.rules, mmproj=mmproj)
     extra.update((d.name, d.compute) for d in top.devices)
     guess = largest(lo, hi, cheap_ok)
     x, step = (lo if guess is None else guess), 1
