@@ -451,6 +451,33 @@ def test_a_graph_sized_at_a_context_is_not_sized_again_for_the_prompt_alone(
         assert prompt == compute_mod._reserve_bytes_plain(meta, r, build, False) <= both
 
 
+def test_a_kept_graph_is_restored_after_a_walk_and_left_alone_when_not_walked() -> None:
+    """compute.KeptGraph: a walk (through walked()) rewires sources and sets counters; the
+    next restore() puts the graph back as built, and restore() with no walk since changes
+    nothing (the scheduler's compile no longer restores after itself)."""
+    from qmgui.core.compute import KeptGraph
+    from qmgui.core.ggml.alloc import peak_bytes
+    from qmgui.core.ggml.graph import Graph
+
+    g = Graph()
+    a = g.input("f32", 64, 8)
+    g.expand(g.op("add", g.op("scale", a), a))
+    kept = KeptGraph(g)
+    first = peak_bytes(kept.walked())
+    assert kept.dirty and any(t.n_children or t.allocated for t in (*g.leafs, *g.nodes))
+    other = Tensor("f32", (64, 8))
+    g.nodes[-1].src = (other, other)  # as the scheduler's pass 5 rewires a reader to a copy
+    kept.restore()
+    assert not kept.dirty
+    assert g.nodes[-1].src[1] is a
+    assert not any(t.n_children or t.n_views or t.allocated for t in (*g.leafs, *g.nodes))
+    assert peak_bytes(kept.walked()) == first
+    kept.restore()
+    g.nodes[0].n_children = 7  # not walked since: restore() leaves the graph as it is
+    kept.restore()
+    assert g.nodes[0].n_children == 7
+
+
 def test_the_compiled_allocator_is_ggml_allocs_best_fit() -> None:
     """ggml.compile.run_best_fit (the inlined allocator) against ggml.alloc.Arena on random walks:
     sizes of all kinds (zero, tiny, equal, large) allocated and freed in random orders."""
