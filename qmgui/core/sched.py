@@ -815,6 +815,10 @@ def _peaks(
     for shape in _reserve_shapes(r, embeddings):
         graph_key = (*structure, shape)
         key = (*graph_key, offload)
+        known = _PEAKS.get((key, u, v))
+        if known is not None and known[0] is meta:  # this graph at this context, sized before
+            gpu, host = max(gpu, known[1][0]), max(host, known[1][1])
+            continue
         hit = _PROGRAMS.get(key)
         prog: _Program | None = None
         if hit is not None and hit[0] is meta:
@@ -832,12 +836,17 @@ def _peaks(
             if len(_PROGRAMS) >= _PROGRAMS_KEPT:
                 _PROGRAMS.clear()
             _PROGRAMS[key] = (meta, prog)
+        exact = prog is None or gpu == host == 0  # peaks() skips an arena below its floor
         if prog is None:
             if d is None:
                 d = replace(dims(meta, r, embeddings), layers=layers)
             g_peak, h_peak = _walk_plain(meta, build, d, shape, offload)
         else:
             g_peak, h_peak = prog.peaks(u, v, gpu, host)
+        if exact:
+            if len(_PEAKS) >= 4 * _PROGRAMS_KEPT:
+                _PEAKS.clear()
+            _PEAKS[(key, u, v)] = (meta, (g_peak, h_peak))
         gpu, host = max(gpu, g_peak), max(host, h_peak)
     return gpu, host
 
@@ -902,6 +911,9 @@ _PROGRAMS: dict[tuple[object, ...], tuple[ModelMeta, _Program | None]] = {}
 _GRAPHS_KEPT = 8  # a full-size MoE stack: ~1.5 MB a graph
 _GRAPHS: dict[tuple[object, ...], tuple[ModelMeta, KeptGraph | None]] = {}
 _SEEN: dict[tuple[object, ...], tuple[ModelMeta, None]] = {}  # structures walked plainly once
+# per graph (structure, shape and offload) and cells: its (GPU, host) peaks where sized
+# exactly (compute._PEAKS: a fit candidate's prompt graph alone, then both graphs)
+_PEAKS: dict[tuple[object, ...], tuple[ModelMeta, tuple[int, int]]] = {}
 # a symbolic graph is walked in place (sources rewired, counters set), and the replayed
 # layers' graphs are core.compute's too (compute.built): one walk at a time
 _COMPILING = GRAPHS_LOCK

@@ -55,6 +55,7 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sched, "_GRAPHS", {})
     monkeypatch.setattr(sched, "_CACHE", {})
     monkeypatch.setattr(sched, "_SEEN", {})
+    monkeypatch.setattr(sched, "_PEAKS", {})
 
 
 def _offloads(meta: ModelMeta, backend: str) -> list[sched.Offload]:
@@ -371,3 +372,30 @@ def test_the_fit_shortcut_answers_as_the_full_check(metas: dict[str, ModelMeta],
                 assert _fits(meta, s, budget) == want, (size, s)
                 answers.add(want)
     assert answers == {True, False}
+
+
+@pytest.mark.usefixtures("fresh")
+def test_a_graph_walked_at_a_context_is_not_walked_again_for_the_prompt_alone(
+    metas: dict[str, ModelMeta], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A launch sized once (walked plainly: its first ask) and then over its prompt graph
+    alone at the same context (a fit search's guess, compute.prompt_only) is not walked or
+    compiled again (sched._PEAKS), and the prompt graph's peaks are the plain walk's."""
+    from qmgui.core import compute
+
+    meta = metas["qwen3next"]
+    build, _ = _layout(meta)
+    r = resolve(meta, LaunchSettings(ctx_size=2048))
+    offload = sched.Offload("vulkan")
+    both = sched._peaks(meta, r, offload, build, False)
+    assert not sched._PROGRAMS  # asked once: walked plainly
+    calls: list[object] = []
+    monkeypatch.setattr(sched, "_walk_plain", lambda *a: calls.append(a) or (0, 0))
+    monkeypatch.setattr(sched, "_compile", lambda *a, **k: calls.append(a))
+    with compute.prompt_only():
+        prompt = sched._peaks(meta, r, offload, build, False)
+    assert not calls
+    monkeypatch.undo()
+    with compute.prompt_only():
+        assert prompt == sched._peaks_plain(meta, r, offload, build, False)
+    assert prompt[0] <= both[0] and prompt[1] <= both[1]

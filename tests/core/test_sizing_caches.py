@@ -38,6 +38,7 @@ def _forget() -> None:
         sched._PROGRAMS,
         sched._GRAPHS,
         sched._SEEN,
+        sched._PEAKS,
         sched._CACHE,
         sched._SIZES,
         footprint._TABLES,
