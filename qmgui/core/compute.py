@@ -281,9 +281,10 @@ def _reserve_bytes(meta: ModelMeta, r: Resolved, build: Build, embeddings: bool)
     peak = 0
     for shape in _reserve_shapes(r, embeddings):
         key = (*structure, shape)
-        known = _PEAKS.get((key, u, v))
-        if known is not None and known[0] is meta:  # this graph at this context, sized before
-            peak = max(peak, known[1])
+        peaks = _peaks_of(meta, key)
+        known = peaks.get((u, v))
+        if known is not None:  # this graph at this context, sized before
+            peak = max(peak, known)
             continue
         hit = _PROGRAMS.get(key)
         if hit is not None and hit[0] is meta:
@@ -294,7 +295,7 @@ def _reserve_bytes(meta: ModelMeta, r: Resolved, build: Build, embeddings: bool)
             if not seen_before(meta, key, _SEEN):
                 with GRAPHS_LOCK:  # asked once so far: walked plainly (see seen_before)
                     graph = built(meta, build, d, shape).walked()
-                    peak = max(peak, _kept_peak(meta, key, u, v, peak_bytes(graph)))
+                    peak = max(peak, _kept_peak(peaks, u, v, peak_bytes(graph)))
                 continue
             prog = _program(meta, build, d, shape)
             if len(_PROGRAMS) >= 16 * CACHE_KEPT:
@@ -305,17 +306,27 @@ def _reserve_bytes(meta: ModelMeta, r: Resolved, build: Build, embeddings: bool)
                 d = dims(meta, r, embeddings)
             b = Builder(d, shape)
             build(b)
-            peak = max(peak, _kept_peak(meta, key, u, v, peak_bytes(b.g)))
+            peak = max(peak, _kept_peak(peaks, u, v, peak_bytes(b.g)))
         elif prog.bound(u, v) > peak:  # a graph that cannot outgrow the peak is not walked
-            peak = max(peak, _kept_peak(meta, key, u, v, prog.peak(u, v)))
+            peak = max(peak, _kept_peak(peaks, u, v, prog.peak(u, v)))
     return peak
 
 
-def _kept_peak(meta: ModelMeta, key: tuple[object, ...], u: int, v: int, peak: int) -> int:
-    """`peak`, kept as the peak of graph `key` at cells u, v (see _PEAKS)."""
-    if len(_PEAKS) >= 64 * CACHE_KEPT:
-        _PEAKS.clear()
-    _PEAKS[(key, u, v)] = (meta, peak)
+def _peaks_of(meta: ModelMeta, key: tuple[object, ...]) -> dict[tuple[int, int], int]:
+    """Graph `key`'s peaks by cells (see _PEAKS; the key hashed once a shape)."""
+    kept = _PEAKS.get(key)
+    if kept is None or kept[0] is not meta:
+        if len(_PEAKS) >= 16 * CACHE_KEPT:
+            _PEAKS.clear()
+        kept = _PEAKS[key] = (meta, {})
+    return kept[1]
+
+
+def _kept_peak(peaks: dict[tuple[int, int], int], u: int, v: int, peak: int) -> int:
+    """`peak`, kept in a graph's `peaks` as its peak at cells u, v (see _PEAKS)."""
+    if len(peaks) >= 64:
+        peaks.clear()
+    peaks[(u, v)] = peak
     return peak
 
 
@@ -472,7 +483,7 @@ _SEEN: dict[tuple[object, ...], tuple[ModelMeta, None]] = {}  # structures walke
 # per graph (structure and shape) and cells: its peak, where it was sized exactly. A fit
 # search sizes a context's prompt graph alone first (prompt_only) and then both graphs, or
 # the reverse: the graph sized once either way
-_PEAKS: dict[tuple[object, ...], tuple[ModelMeta, int]] = {}
+_PEAKS: dict[tuple[object, ...], tuple[ModelMeta, dict[tuple[int, int], int]]] = {}
 
 
 def output_buffer_bytes(meta: ModelMeta, r: Resolved, *, embeddings: bool | None = None) -> int:

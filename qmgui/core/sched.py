@@ -815,9 +815,10 @@ def _peaks(
     for shape in _reserve_shapes(r, embeddings):
         graph_key = (*structure, shape)
         key = (*graph_key, offload)
-        known = _PEAKS.get((key, u, v))
-        if known is not None and known[0] is meta:  # this graph at this context, sized before
-            gpu, host = max(gpu, known[1][0]), max(host, known[1][1])
+        peaks = _peaks_of(meta, key)
+        known = peaks.get((u, v))
+        if known is not None:  # this graph at this context, sized before
+            gpu, host = max(gpu, known[0]), max(host, known[1])
             continue
         hit = _PROGRAMS.get(key)
         prog: _Program | None = None
@@ -844,11 +845,21 @@ def _peaks(
         else:
             g_peak, h_peak = prog.peaks(u, v, gpu, host)
         if exact:
-            if len(_PEAKS) >= 4 * _PROGRAMS_KEPT:
-                _PEAKS.clear()
-            _PEAKS[(key, u, v)] = (meta, (g_peak, h_peak))
+            if len(peaks) >= 64:
+                peaks.clear()
+            peaks[(u, v)] = (g_peak, h_peak)
         gpu, host = max(gpu, g_peak), max(host, h_peak)
     return gpu, host
+
+
+def _peaks_of(meta: ModelMeta, key: tuple[object, ...]) -> dict[tuple[int, int], tuple[int, int]]:
+    """Graph `key`'s (GPU, host) peaks by cells (see _PEAKS; the key hashed once a shape)."""
+    kept = _PEAKS.get(key)
+    if kept is None or kept[0] is not meta:
+        if len(_PEAKS) >= _PROGRAMS_KEPT:
+            _PEAKS.clear()
+        kept = _PEAKS[key] = (meta, {})
+    return kept[1]
 
 
 def _walk_plain(
@@ -913,7 +924,7 @@ _GRAPHS: dict[tuple[object, ...], tuple[ModelMeta, KeptGraph | None]] = {}
 _SEEN: dict[tuple[object, ...], tuple[ModelMeta, None]] = {}  # structures walked plainly once
 # per graph (structure, shape and offload) and cells: its (GPU, host) peaks where sized
 # exactly (compute._PEAKS: a fit candidate's prompt graph alone, then both graphs)
-_PEAKS: dict[tuple[object, ...], tuple[ModelMeta, tuple[int, int]]] = {}
+_PEAKS: dict[tuple[object, ...], tuple[ModelMeta, dict[tuple[int, int], tuple[int, int]]]] = {}
 # a symbolic graph is walked in place (sources rewired, counters set), and the replayed
 # layers' graphs are core.compute's too (compute.built): one walk at a time
 _COMPILING = GRAPHS_LOCK
