@@ -48,6 +48,7 @@ import threading
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import fields, replace
+from typing import TypeVar
 
 from qmgui.core.errors import SizingError
 from qmgui.core.ggml.alloc import peak_bytes
@@ -80,6 +81,7 @@ MIXED_BATCH_BUILD = 11434
 
 
 _BYTES_CACHE: dict[tuple[object, ...], tuple[ModelMeta, int]] = {}
+P = TypeVar("P")  # a graph's peak: bytes (the CPU's), or (GPU, host) bytes (core.sched)
 
 
 # Architectures the generic layout is known to fall short on: no layout, so the plan charges
@@ -281,7 +283,7 @@ def _reserve_bytes(meta: ModelMeta, r: Resolved, build: Build, embeddings: bool)
     peak = 0
     for shape in _reserve_shapes(r, embeddings):
         key = (*structure, shape)
-        peaks = _peaks_of(meta, key)
+        peaks = peaks_of(_PEAKS, meta, key)
         known = peaks.get((u, v))
         if known is not None:  # this graph at this context, sized before
             peak = max(peak, known)
@@ -295,7 +297,7 @@ def _reserve_bytes(meta: ModelMeta, r: Resolved, build: Build, embeddings: bool)
             if not seen_before(meta, key, _SEEN):
                 with GRAPHS_LOCK:  # asked once so far: walked plainly (see seen_before)
                     graph = built(meta, build, d, shape).walked()
-                    peak = max(peak, _kept_peak(peaks, u, v, peak_bytes(graph)))
+                    peak = max(peak, kept_peak(peaks, u, v, peak_bytes(graph)))
                 continue
             prog = _program(meta, build, d, shape)
             if len(_PROGRAMS) >= 16 * CACHE_KEPT:
@@ -306,24 +308,29 @@ def _reserve_bytes(meta: ModelMeta, r: Resolved, build: Build, embeddings: bool)
                 d = dims(meta, r, embeddings)
             b = Builder(d, shape)
             build(b)
-            peak = max(peak, _kept_peak(peaks, u, v, peak_bytes(b.g)))
+            peak = max(peak, kept_peak(peaks, u, v, peak_bytes(b.g)))
         elif prog.bound(u, v) > peak:  # a graph that cannot outgrow the peak is not walked
-            peak = max(peak, _kept_peak(peaks, u, v, prog.peak(u, v)))
+            peak = max(peak, kept_peak(peaks, u, v, prog.peak(u, v)))
     return peak
 
 
-def _peaks_of(meta: ModelMeta, key: tuple[object, ...]) -> dict[tuple[int, int], int]:
-    """Graph `key`'s peaks by cells (see _PEAKS; the key hashed once a shape)."""
-    kept = _PEAKS.get(key)
+def peaks_of(
+    cache: dict[tuple[object, ...], tuple[ModelMeta, dict[tuple[int, int], P]]],
+    meta: ModelMeta,
+    key: tuple[object, ...],
+) -> dict[tuple[int, int], P]:
+    """Graph `key`'s peaks by cells in `cache` (compute._PEAKS, sched._PEAKS), a new table
+    if none: the key is hashed once a shape."""
+    kept = cache.get(key)
     if kept is None or kept[0] is not meta:
-        if len(_PEAKS) >= 16 * CACHE_KEPT:
-            _PEAKS.clear()
-        kept = _PEAKS[key] = (meta, {})
+        if len(cache) >= 16 * CACHE_KEPT:
+            cache.clear()
+        kept = cache[key] = (meta, {})
     return kept[1]
 
 
-def _kept_peak(peaks: dict[tuple[int, int], int], u: int, v: int, peak: int) -> int:
-    """`peak`, kept in a graph's `peaks` as its peak at cells u, v (see _PEAKS)."""
+def kept_peak(peaks: dict[tuple[int, int], P], u: int, v: int, peak: P) -> P:
+    """`peak`, kept in a graph's `peaks` as its peak at cells u, v (see peaks_of)."""
     if len(peaks) >= 64:
         peaks.clear()
     peaks[(u, v)] = peak

@@ -202,8 +202,7 @@ def _fits(
     structure for the scheduler, compiled per reserve graph): the prompt graph's buffers are
     sized first, a lower bound (compute.prompt_only), and a launch over a limit by then is
     settled without the token-generation graph."""
-    cheap = estimate(meta, settings, budget.gpus, compute=False, rules=budget.rules, mmproj=mmproj)
-    if not _within(cheap, settings, budget, {}):
+    if not _within_without_compute(meta, settings, budget, mmproj):
         return False
     if new_offload:
         with prompt_only():
@@ -211,6 +210,15 @@ def _fits(
         if not _within(lower, settings, budget, {}):
             return False
     return check(meta, settings, budget, mmproj=mmproj).fits
+
+
+def _within_without_compute(
+    meta: ModelMeta, settings: LaunchSettings, budget: Budget, mmproj: ModelMeta | None
+) -> bool:
+    """Whether the launch is within every limit before its compute buffers are counted (if
+    not, it does not fit: they are never negative)."""
+    cheap = estimate(meta, settings, budget.gpus, compute=False, rules=budget.rules, mmproj=mmproj)
+    return _within(cheap, settings, budget, {})
 
 
 def largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
@@ -298,14 +306,16 @@ def offload_for_context(
 ) -> FitResult:
     """The most GPU layers (`-ngl`) and, for MoE models, the fewest `--n-cpu-moe` layers that
     fit the requested context. The launch as asked is sized without its compute buffers
-    first (_fits): when that is over a limit already, the answer is another offload's plan,
+    first: when that is over a limit already, the answer is another offload's plan,
     and the asked one's compute buffers are sized only if no offload fits (for its reason)."""
-    if _fits(meta, settings, budget, mmproj) or not budget.gpus:
+    full: FitResult | None = None
+    if not budget.gpus or _within_without_compute(meta, settings, budget, mmproj):
         full = check(meta, settings, budget, mmproj=mmproj)
-        return full if full.fits else replace(full, nearest=None)
+        if full.fits or not budget.gpus:
+            return full if full.fits else replace(full, nearest=None)
     nearest = _nearest_offload(meta, settings, budget, mmproj)
     if nearest is None:
-        full = check(meta, settings, budget, mmproj=mmproj)
+        full = full or check(meta, settings, budget, mmproj=mmproj)
         return replace(full, reason=f"{full.reason}, even with every layer on the CPU")
     fitted = check(meta, nearest, budget, mmproj=mmproj)
     return replace(fitted, nearest=nearest)

@@ -58,6 +58,8 @@ from qmgui.core.compute import (
     check_graph_size,
     graph_fault,
     is_embedding,
+    kept_peak,
+    peaks_of,
     seen_before,
     verified,
 )
@@ -815,7 +817,7 @@ def _peaks(
     for shape in _reserve_shapes(r, embeddings):
         graph_key = (*structure, shape)
         key = (*graph_key, offload)
-        peaks = _peaks_of(meta, key)
+        peaks = peaks_of(_PEAKS, meta, key)
         known = peaks.get((u, v))
         if known is not None:  # this graph at this context, sized before
             gpu, host = max(gpu, known[0]), max(host, known[1])
@@ -845,21 +847,9 @@ def _peaks(
         else:
             g_peak, h_peak = prog.peaks(u, v, gpu, host)
         if exact:
-            if len(peaks) >= 64:
-                peaks.clear()
-            peaks[(u, v)] = (g_peak, h_peak)
+            kept_peak(peaks, u, v, (g_peak, h_peak))
         gpu, host = max(gpu, g_peak), max(host, h_peak)
     return gpu, host
-
-
-def _peaks_of(meta: ModelMeta, key: tuple[object, ...]) -> dict[tuple[int, int], tuple[int, int]]:
-    """Graph `key`'s (GPU, host) peaks by cells (see _PEAKS; the key hashed once a shape)."""
-    kept = _PEAKS.get(key)
-    if kept is None or kept[0] is not meta:
-        if len(_PEAKS) >= _PROGRAMS_KEPT:
-            _PEAKS.clear()
-        kept = _PEAKS[key] = (meta, {})
-    return kept[1]
 
 
 def _walk_plain(
