@@ -799,7 +799,7 @@ def _peaks(
     if n_kv <= 0 or n_kv_swa <= 0 or n_kv % CELLS or n_kv_swa % CELLS:
         return _peaks_plain(meta, r, offload, build, embeddings)
     u, v = n_kv // CELLS, n_kv_swa // CELLS
-    layers, replay = _layers(meta, offload), replay_layers(meta)
+    layers = _layers(meta, offload)
     # everything the graphs depend on but the cells (core.compute._reserve_bytes' key)
     structure = (
         id(meta),
@@ -826,7 +826,7 @@ def _peaks(
         prog: _Program | None = None
         if hit is not None and hit[0] is meta:
             prog = hit[1]
-        elif layers != replay or _seen_before(meta, graph_key):
+        elif _seen_before(meta, graph_key):
             prog = _compile(
                 meta,
                 r,
@@ -866,11 +866,14 @@ def _walk_plain(
 
 
 def _seen_before(meta: ModelMeta, graph_key: tuple[object, ...]) -> bool:
-    """Whether a graph structure was asked before (compute.seen_before: a launch with every
-    layer on the GPU asked once is walked plainly, over core.compute's graph of the same
-    context, and compiled when asked again), or its symbolic graph is built already. Graphs
-    built whole (anything in host memory) are compiled at once: a fit search over -ngl or
-    --n-cpu-moe asks one graph with many offloads, and they share its symbolic build."""
+    """Whether a graph structure was asked before (compute.seen_before: a structure asked
+    once is walked plainly, over the graph built at its context, and compiled when asked
+    again), or its symbolic graph is built already. With every layer on the GPU the plain
+    walk shares core.compute's graph of the same context. An offload's structure (its own
+    layers, _layers) is as a rule asked once by a fit search over -ngl or --n-cpu-moe (each
+    candidate at the one context asked): compiling it at once cost its symbolic build, the
+    check of the replayed layers' symbolic graphs against the real ones and the program
+    (~80 M instructions of a hybrid's first offload search, ~16%) for a replay never made."""
     hit = _GRAPHS.get(graph_key)
     if hit is not None and hit[0] is meta:
         return True
