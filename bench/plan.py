@@ -90,7 +90,16 @@ MODELS: dict[str, tuple[str, SynthSpec]] = {
 CACHES = {
     compute: ("_PROGRAMS", "_BYTES_CACHE", "_BUILT", "_VERIFIED", "_SEEN", "_PEAKS"),
     dims: ("_REPLAY_CACHE", "_SIGNATURES"),
-    sched: ("_PROGRAMS", "_GRAPHS", "_SEEN", "_CACHE", "_SIZES", "_LAYERS", "_PEAKS"),
+    sched: (
+        "_PROGRAMS",
+        "_GRAPHS",
+        "_OFFLOAD_GRAPHS",
+        "_SEEN",
+        "_CACHE",
+        "_SIZES",
+        "_LAYERS",
+        "_PEAKS",
+    ),
     footprint: ("_TABLES", "_PLACED"),
 }
 

@@ -396,7 +396,7 @@ def verified(meta: ModelMeta, build: Build, d: Dims, shape: Shape) -> KeptGraph 
     structure (the verdict kept apart from the graphs, which _BUILT may drop). Call with
     GRAPHS_LOCK held, and walk it through walked()."""
     d_sym = replace(d, n_kv=CELLS * SYM_U, n_kv_swa=CELLS * SYM_V)
-    key = _built_key(meta, build, d_sym, shape)
+    key = built_key(meta, build, d_sym, shape)
     hit = _VERIFIED.get(key)
     ok = hit[1] if hit is not None and hit[0] is meta else None
     if ok is False:
@@ -460,7 +460,7 @@ _DIMS_HASHED = tuple(f.name for f in fields(Dims) if f.name != "shapes")  # shap
 def built(meta: ModelMeta, build: Build, d: Dims, shape: Shape) -> KeptGraph:
     """`build`'s graph over `d` and `shape`, built once (see _BUILT). Call with GRAPHS_LOCK
     held, and walk it through walked()."""
-    key = _built_key(meta, build, d, shape)
+    key = built_key(meta, build, d, shape)
     hit = _BUILT.get(key)
     if hit is not None and hit[0] is meta:
         return hit[1]
@@ -473,7 +473,8 @@ def built(meta: ModelMeta, build: Build, d: Dims, shape: Shape) -> KeptGraph:
     return kept
 
 
-def _built_key(meta: ModelMeta, build: Build, d: Dims, shape: Shape) -> tuple[object, ...]:
+def built_key(meta: ModelMeta, build: Build, d: Dims, shape: Shape) -> tuple[object, ...]:
+    """What `build`'s graph over `d` and `shape` depends on: the key of the graphs kept."""
     return (
         id(meta),
         build,

@@ -19,8 +19,10 @@ bounds (`qmgui.core.bounds`), each listed in `Footprint.bounds`: never a silent 
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
 
 from qmgui.core.bounds import Bound, compute_bound, compute_bound_why, projector_compute_bound
 from qmgui.core.compute import MIXED_BATCH_BUILD, compute_buffer_bytes, is_embedding
@@ -233,13 +235,20 @@ def layer_device_map(
     i_gpu_start = max(n_layer + 1 - n_gpu_layers, 0)
     act = min(n_gpu_layers, n_layer + 1)
     out = []
+    last = len(gpus) - 1
+    ordered = all(a <= b for a, b in pairwise(splits))
     for il in range(n_layer + 1):
         if il < i_gpu_start or il - i_gpu_start >= act:
             out.append(CPU)
             continue
         x = (il - i_gpu_start) / act
-        gpu = next((i for i, s in enumerate(splits) if s > x), len(gpus) - 1)  # upper_bound
-        out.append(gpus[gpu].name)
+        # std::upper_bound: the first split above x (a bisection where the cumulative splits
+        # are sorted, as they are unless a --tensor-split value is negative)
+        if ordered:
+            gpu = bisect_right(splits, x)
+        else:
+            gpu = next((i for i, s in enumerate(splits) if s > x), last)
+        out.append(gpus[min(gpu, last)].name)
     return tuple(out)
 
 

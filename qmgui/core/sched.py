@@ -55,6 +55,7 @@ from qmgui.core.compute import (
     _layout,
     _reserve_shapes,
     built,
+    built_key,
     check_graph_size,
     graph_fault,
     is_embedding,
@@ -267,7 +268,7 @@ def _peaks_plain(
     for shape in _reserve_shapes(r, embeddings):
         b = Builder(d, shape)
         build(b)
-        g_peak, h_peak = _walk(b.g, offload, sizes, meta.n_layer)
+        g_peak, h_peak = _walk_arenas(b.g, offload, sizes, meta.n_layer)
         gpu, host = max(gpu, g_peak), max(host, h_peak)
     return gpu, host
 
@@ -409,16 +410,19 @@ def _assign(g: Graph, o: Offload, n_layer: int) -> dict[int, int]:
     be: dict[int, int] = {}
     for leaf in g.leafs:  # graph inputs go to the CPU ("1.inp")
         be[id(leaf)] = _external_backend(leaf, o, n_layer) if leaf.external else HOST
-    for t in g.nodes:
-        b = _pass1(t, o, n_layer)
-        if b is not None:
-            be[id(t)] = b
-    real = [t for t in g.nodes if t.op not in _VIEW_OPS]
-    for order, gpu_only in ((real, True), (real[::-1], True), (real, False), (real[::-1], False)):
-        _expand(order, be, o, gpu_only=gpu_only)
-    for t in real:  # pass 3: what no neighbour could take runs where it is supported
-        if id(t) not in be and not _supported(t, GPU, o):
-            be[id(t)] = HOST
+    real = _pass1(g, o, n_layer, be)
+    # nodes the GPU cannot run (Vulkan's odd SSM scans): passes 2 and 3 leave them alone
+    no_gpu = (
+        frozenset(id(t) for t in g.nodes if not _supported(t, GPU, o))
+        if o.backend == "vulkan"
+        else frozenset()
+    )
+    back = real[::-1]
+    for order, gpu_only in ((real, True), (back, True), (real, False), (back, False)):
+        _expand(order, be, no_gpu, gpu_only=gpu_only)
+    for i in no_gpu:  # pass 3: what no neighbour could take runs where it is supported
+        if i not in be:
+            be[i] = HOST
     for t in g.nodes:  # pass 4: views with what they view; anything left (no GPU node) on the CPU
         if id(t) not in be:
             root = t.view_src
@@ -426,33 +430,55 @@ def _assign(g: Graph, o: Offload, n_layer: int) -> dict[int, int]:
     return be
 
 
-def _pass1(t: Tensor, o: Offload, n_layer: int) -> int | None:
-    """ggml_backend_sched_backend_id_from_cur for a node, or None (decided later)."""
-    root = t.view_src
-    if root is not None:  # "1.vsrc": views of weights and caches, writes into caches
-        return _external_backend(root, o, n_layer) if root.external else None
-    if t.op in ("rope", "flash_attn_ext"):
-        return None  # their small weights (rope factors, sinks) do not choose
-    for s in t.src:
-        if s.external and s.is_weight:
-            wb = _external_backend(s, o, n_layer)
-            if wb == HOST and _batch(t) >= OFFLOAD_MIN_BATCH and _supported(t, GPU, o):
-                wb = GPU  # "1.off": the GPU copies the weight and runs the op
-            # else where the weight is, if that backend runs the op (nobody else can read it)
-            return wb if _supported(t, wb, o) else None
-    return None
+def _pass1(g: Graph, o: Offload, n_layer: int, be: dict[int, int]) -> list[int]:
+    """Pass 1 (ggml_backend_sched_backend_id_from_cur) into `be`; the nodes but views, by
+    id, which passes 2 and 3 walk."""
+    real: list[int] = []
+    for t in g.nodes:
+        root = t.view_src
+        if root is not None:  # "1.vsrc": views of weights and caches, writes into caches
+            if root.external:
+                be[id(t)] = _external_backend(root, o, n_layer)
+            if t.op in _VIEW_OPS:
+                continue
+        elif t.op not in _ROPE_OPS:
+            for s in t.src:
+                if s.external and s.is_weight:
+                    b = _by_weight(t, s, o, n_layer)
+                    if b is not None:
+                        be[id(t)] = b
+                    break
+        real.append(id(t))
+    return real
 
 
-def _expand(order: Sequence[Tensor], be: dict[int, int], o: Offload, *, gpu_only: bool) -> None:
-    """Pass 2: unassigned nodes take the backend of the node before them in `order` (the GPU
-    only, skipping CPU nodes, in the first two sweeps)."""
+_ROPE_OPS = frozenset({"rope", "flash_attn_ext"})  # their small weights do not choose
+
+
+def _by_weight(t: Tensor, s: Tensor, o: Offload, n_layer: int) -> int | None:
+    """Pass 1 for a node whose first weight source is `s`: where the weight is, if that
+    backend runs the op (nobody else can read it), or the GPU for a large batch ("1.off":
+    the GPU copies the weight and runs the op)."""
+    wb = _external_backend(s, o, n_layer)
+    if wb == HOST and _batch(t) >= OFFLOAD_MIN_BATCH and _supported(t, GPU, o):
+        wb = GPU
+    return wb if _supported(t, wb, o) else None
+
+
+def _expand(
+    order: Sequence[int], be: dict[int, int], no_gpu: frozenset[int], *, gpu_only: bool
+) -> None:
+    """Pass 2: unassigned nodes (by id) take the backend of the node before them in `order`
+    (the GPU only, skipping CPU nodes, in the first two sweeps); `no_gpu`: nodes the GPU
+    cannot run (the CPU runs everything)."""
     cur = -1
-    for t in order:
-        b = be.get(id(t), -1)
+    get = be.get
+    for i in order:
+        b = get(i, -1)
         if b != -1:
             cur = -1 if gpu_only and b == HOST else b
-        elif cur != -1 and _supported(t, cur, o):
-            be[id(t)] = cur
+        elif cur != -1 and not (cur == GPU and i in no_gpu):
+            be[i] = cur
 
 
 @dataclass
@@ -679,10 +705,84 @@ class _ArenaLike(Protocol):
 
 
 def _walk(g: Graph, o: Offload, sizes: _Sizes, n_layer: int) -> tuple[int, int]:
-    """(GPU, host) high-water marks of ggml_gallocr_alloc_graph_impl over the split graph."""
+    """(GPU, host) high-water marks of ggml_gallocr_alloc_graph_impl over the split graph:
+    the walk's allocations and frees taped, then each arena's best fit run over its own
+    (run_best_fit: Arena's placement on two flat lists, a bisection per free), or, where a
+    tape does not split into two independent arenas, the tape played through two Arenas.
+    _walk_arenas (the reference of the tests) places as it walks."""
+    tape = _Tape((_gpu_alignment(o), HOST_ALIGNMENT))
+    _run_walk(g, o, sizes, n_layer, arenas=(tape.arena(GPU), tape.arena(HOST)), same=same_layout)
+    return tape.peaks()
+
+
+def _walk_arenas(g: Graph, o: Offload, sizes: _Sizes, n_layer: int) -> tuple[int, int]:
+    """_walk placing into two Arenas as it walks."""
     arenas = (Arena(_gpu_alignment(o)), Arena(HOST_ALIGNMENT))
     _run_walk(g, o, sizes, n_layer, arenas=arenas, same=same_layout)
     return arenas[GPU].max_size, arenas[HOST].max_size
+
+
+class _Tape:
+    """Both arenas' allocations and frees in the walk's order: an allocation takes a new
+    slot (its size padded by the arena's alignment), a free names the slot (the tensor's
+    offset is its slot)."""
+
+    def __init__(self, aligns: tuple[int, int]) -> None:
+        self.aligns = aligns
+        self.sizes: list[int] = []  # per slot, padded
+        self.owner: list[int] = []  # per slot, the arena that placed it
+        self.events: tuple[list[int], list[int]] = ([], [])  # per arena: slot, or ~slot (free)
+        self.order: list[tuple[int, int, int]] = []  # (arena, event, bytes asked) in order
+        # every free by the arena that placed the slot, at the size it placed: then the two
+        # arenas are independent and each event list is its arena's walk
+        self.split = True
+
+    def arena(self, which: int) -> _TapeArena:
+        return _TapeArena(self, which)
+
+    def peaks(self) -> tuple[int, int]:
+        if self.split:
+            return (
+                run_best_fit(self.events[GPU], self.sizes),
+                run_best_fit(self.events[HOST], self.sizes),
+            )
+        arenas = (Arena(self.aligns[GPU]), Arena(self.aligns[HOST]))
+        offsets = [0] * len(self.sizes)
+        for which, e, n in self.order:
+            if e >= 0:
+                offsets[e] = arenas[which].alloc(n)
+            else:
+                arenas[which].free(offsets[~e], n)
+        return arenas[GPU].max_size, arenas[HOST].max_size
+
+
+class _TapeArena:
+    """One arena's side of a _Tape (the walk's _ArenaLike)."""
+
+    def __init__(self, tape: _Tape, which: int) -> None:
+        self.tape = tape
+        self.which = which
+        self.align = tape.aligns[which]
+        self.events = tape.events[which]
+
+    def alloc(self, size: int) -> int:
+        tape = self.tape
+        slot = len(tape.sizes)
+        tape.sizes.append(-(-size // self.align) * self.align)
+        tape.owner.append(self.which)
+        self.events.append(slot)
+        tape.order.append((self.which, slot, size))
+        return slot
+
+    def free(self, offset: int, size: int) -> None:
+        tape = self.tape
+        if (
+            tape.owner[offset] != self.which
+            or tape.sizes[offset] != -(-size // self.align) * self.align
+        ):
+            tape.split = False
+        self.events.append(~offset)
+        tape.order.append((self.which, ~offset, size))
 
 
 def _gpu_alignment(o: Offload) -> int:
@@ -857,12 +957,48 @@ def _walk_plain(
 ) -> tuple[int, int]:
     """_walk over the graph built at d: core.compute's (kept) for the replayed layers."""
     sizes = _host_weight_sizes(meta)
-    if d.layers != replay_layers(meta):
+    with GRAPHS_LOCK:
+        if d.layers != replay_layers(meta):
+            g = _offload_graph(meta, build, d, shape)
+        else:
+            g = built(meta, build, d, shape).walked()
+        return _walk(g, offload, sizes, meta.n_layer)
+
+
+def _offload_graph(meta: ModelMeta, build: Build, d: Dims, shape: Shape) -> Graph:
+    """The graph over an offload's layers (d.layers, from _layers), to walk. Two offloads'
+    layers of the same signatures in the same order (a fit search's neighbouring candidates:
+    _layers keeps each run on the stack's phase) are built alike (as _layers' runs stand for
+    the stack), so the graph built for one serves the next, its weights and caches stamped
+    with the new layers. Call with GRAPHS_LOCK held."""
+    sig = layer_signatures(meta)
+    last = meta.n_layer - 1  # the last layer keeps only the output rows: apart from its kind
+    pattern = tuple(-1 if il == last else sig[il] for il in d.layers)
+    key = (*built_key(meta, build, replace(d, layers=()), shape), pattern)
+    hit = _OFFLOAD_GRAPHS.get(key)
+    if hit is None or hit[0] is not meta:
         b = Builder(d, shape)
         build(b)
-        return _walk(b.g, offload, sizes, meta.n_layer)
-    with GRAPHS_LOCK:
-        return _walk(built(meta, build, d, shape).walked(), offload, sizes, meta.n_layer)
+        pos = {il: k for k, il in enumerate(d.layers)}
+        stamps = tuple((t, pos[t.layer]) for t in b.g.leafs if t.external and t.layer in pos)
+        if len(_OFFLOAD_GRAPHS) >= _OFFLOAD_GRAPHS_KEPT:
+            _OFFLOAD_GRAPHS.clear()
+        kept = KeptGraph(b.g)
+        _OFFLOAD_GRAPHS[key] = (meta, kept, stamps)
+        return kept.walked()  # stamped as built
+    _, kept, stamps = hit
+    layers = d.layers
+    for t, k in stamps:
+        t.layer = layers[k]
+    return kept.walked()
+
+
+# offload graphs by their layers' signatures (_offload_graph): a search's last few, each with
+# its weights and caches and their positions among the layers, to stamp
+_OFFLOAD_GRAPHS: dict[
+    tuple[object, ...], tuple[ModelMeta, KeptGraph, tuple[tuple[Tensor, int], ...]]
+] = {}
+_OFFLOAD_GRAPHS_KEPT = 4  # a candidate's two reserve graphs, and the one before
 
 
 def _seen_before(meta: ModelMeta, graph_key: tuple[object, ...]) -> bool:
@@ -1054,7 +1190,7 @@ _SCHEDULABLE: weakref.WeakKeyDictionary[KeptGraph, bool] = weakref.WeakKeyDictio
 
 def _schedulable(g: Graph) -> bool:
     """Whether the scheduler's decisions on `g` hold at every context: no SSM scan's state
-    and no batch of an op on a weight (what _supported and _pass1 compare) grows with the
+    and no batch of an op on a weight (what _supported and _by_weight compare) grows with the
     cells."""
     for t in g.nodes:
         if t.op == "ssm_scan" and not _small(t.src[0].ne[0]):

@@ -21,11 +21,13 @@ from dataclasses import replace
 import pytest
 
 from qmgui.core import sched
-from qmgui.core.compute import _layout, is_embedding
+from qmgui.core.compute import GRAPHS_LOCK, _layout, _reserve_shapes, is_embedding
 from qmgui.core.errors import SizingError
 from qmgui.core.fit import Budget, _fits, check, gpus_from_sizes
+from qmgui.core.ggml.alloc import Arena
 from qmgui.core.gguf_header import read_gguf_header
 from qmgui.core.graph.builder import Builder
+from qmgui.core.graph.dims import Dims, Shape, dims, replay_layers
 from qmgui.core.launch import LaunchSettings, Resolved, resolve
 from qmgui.core.meta import ModelMeta, TensorEntry, meta_from_gguf
 from qmgui.core.units import GIB
@@ -53,6 +55,7 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
     """Empty compile caches: every structure is compiled in the test that uses it."""
     monkeypatch.setattr(sched, "_PROGRAMS", {})
     monkeypatch.setattr(sched, "_GRAPHS", {})
+    monkeypatch.setattr(sched, "_OFFLOAD_GRAPHS", {})
     monkeypatch.setattr(sched, "_CACHE", {})
     monkeypatch.setattr(sched, "_SEEN", {})
     monkeypatch.setattr(sched, "_PEAKS", {})
@@ -199,6 +202,100 @@ def test_offload_runs_replay_as_the_whole_stack(
     except SizingError:
         pytest.skip("no compute layout")
     assert _runs_replay_as_the_whole_stack(meta, monkeypatch) > 0
+
+
+@pytest.fixture(scope="module")
+def deep_hybrid(tmp_path_factory: pytest.TempPathFactory) -> ModelMeta:
+    """The tiny qwen3next 24 layers deep: attention every 4th, a period the offload runs
+    keep their phase in."""
+    path = tmp_path_factory.mktemp("deep-hybrid") / "qwen3next-24.gguf"
+    write_gguf(path, replace(PRESETS["qwen3next"], n_layer=24, name="synth-qwen3next-24"))
+    return meta_from_gguf(read_gguf_header(path), file_name=path.name)
+
+
+@pytest.mark.parametrize("key", ["gemma3-12b", "qwen3-30b-a3b", "llama3-8b", "deep hybrid"])
+@pytest.mark.usefixtures("fresh")
+def test_an_offload_graph_serves_the_next_offload_of_the_same_layer_kinds(
+    metas: dict[str, ModelMeta],
+    deep_hybrid: ModelMeta,
+    key: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """sched._offload_graph: the graph of one offload's layers, stamped with the next
+    offload's layers where their kinds come in the same order (a fit search's neighbouring
+    candidates), walks as the next offload's graph built afresh, placed as it walks
+    (_walk_arenas, the reference), at every -ngl / --n-cpu-moe boundary of the stack."""
+    meta = deep_hybrid if key == "deep hybrid" else metas[key]
+    build, _ = _layout(meta)
+    r = resolve(meta, LaunchSettings(ctx_size=4096))
+    sizes = sched._host_weight_sizes(meta)
+    builds: list[Dims] = []
+
+    class Counted(Builder):
+        def __init__(self, d: Dims, shape: Shape) -> None:
+            builds.append(d)
+            super().__init__(d, shape)
+
+    monkeypatch.setattr(sched, "Builder", Counted)
+    reused = 0
+    for k in range(1, meta.n_layer):
+        head = frozenset(range(k))
+        offload = (
+            sched.Offload("cuda", host_experts=head)
+            if meta.is_moe
+            else sched.Offload("vulkan", host_layers=head, host_caches=head)
+        )
+        d = replace(dims(meta, r, False), layers=sched._layers(meta, offload))
+        if d.layers == replay_layers(meta):
+            continue
+        for shape in _reserve_shapes(r, False):
+            n = len(builds)
+            with GRAPHS_LOCK:
+                g = sched._offload_graph(meta, build, d, shape)
+                reused += len(builds) == n
+                fresh = Builder(d, shape)
+                build(fresh)
+                # the same graph, stamped alike
+                assert [(t.op, t.ne, t.layer) for t in g.nodes + g.leafs] == [
+                    (t.op, t.ne, t.layer) for t in fresh.g.nodes + fresh.g.leafs
+                ], (meta.name, k, shape)
+                got = sched._walk(g, offload, sizes, meta.n_layer)
+            want = sched._walk_arenas(fresh.g, offload, sizes, meta.n_layer)
+            assert got == want, (meta.name, k, shape)
+    assert reused
+
+
+def test_a_tape_whose_arenas_are_not_apart_places_as_two_arenas() -> None:
+    """sched._Tape: a free by the other arena than the one that placed it (or at another
+    size) cannot be run per arena; the tape then plays its events, in order, through two
+    Arenas, as the walk placing as it goes would have."""
+    aligns = (64, 32)
+    steps = [(0, 100), (1, 40), (0, 300), ("free", 0, 0, 100), (1, 500), ("free", 1, 2, 300)]
+    steps += [(0, 90), (1, 70), ("free", 1, 1, 40), (0, 1000), ("free", 0, 5, 70)]
+    tape = sched._Tape(aligns)
+    sides = (tape.arena(0), tape.arena(1))
+    arenas = (Arena(aligns[0]), Arena(aligns[1]))
+    placed: list[tuple[int, int]] = []  # per allocation: (tape slot, arena offset)
+    for step in steps:
+        if step[0] == "free":
+            _, which, i, n = step
+            assert isinstance(which, int) and isinstance(i, int) and isinstance(n, int)
+            sides[which].free(placed[i][0], n)
+            arenas[which].free(placed[i][1], n)
+        else:
+            which, n = step
+            assert isinstance(which, int) and isinstance(n, int)
+            placed.append((sides[which].alloc(n), arenas[which].alloc(n)))
+    assert not tape.split
+    assert tape.peaks() == (arenas[0].max_size, arenas[1].max_size)
+    apart = sched._Tape(aligns)
+    a, b = apart.arena(0), apart.arena(1)
+    x, y = a.alloc(100), b.alloc(40)
+    a.free(x, 100)
+    a.alloc(50)
+    b.free(y, 40)
+    assert apart.split
+    assert apart.peaks() == (128, 64)
 
 
 def _more_bits(il: int, n: int) -> bool:

@@ -37,6 +37,7 @@ def _forget() -> None:
         sched._LAYERS,
         sched._PROGRAMS,
         sched._GRAPHS,
+        sched._OFFLOAD_GRAPHS,
         sched._SEEN,
         sched._PEAKS,
         sched._CACHE,
