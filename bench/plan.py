@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gguf import GGMLQuantizationType as Q
 
 from qmgui.core import compute, footprint, sched
+from qmgui.core import meta as meta_module
 from qmgui.core.fit import Budget, gpus_from_sizes, max_context, offload_for_context
 from qmgui.core.footprint import estimate
 from qmgui.core.ggml.compile import affine
@@ -101,6 +102,7 @@ CACHES = {
         "_PEAKS",
     ),
     footprint: ("_TABLES", "_PLACED"),
+    meta_module: ("_PLACES",),
 }
 
 

@@ -18,11 +18,11 @@ bounds (`qmgui.core.bounds`), each listed in `Footprint.bounds`: never a silent 
 
 from __future__ import annotations
 
-import re
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
+from typing import NamedTuple
 
 from qmgui.core.bounds import Bound, compute_bound, compute_bound_why, projector_compute_bound
 from qmgui.core.compute import MIXED_BATCH_BUILD, compute_buffer_bytes, is_embedding
@@ -31,7 +31,7 @@ from qmgui.core.gcpause import while_paused
 from qmgui.core.gguf_tables import GGML_SIZES_BY_NAME
 from qmgui.core.graph.dims import swa_cells
 from qmgui.core.launch import LaunchSettings, Resolved, pad, resolve, row_bytes
-from qmgui.core.meta import DSV4_CSA_RATIO, DSV4_HCA_RATIO, ModelMeta, TensorEntry
+from qmgui.core.meta import DSV4_CSA_RATIO, DSV4_HCA_RATIO, ModelMeta, TensorEntry, tensor_places
 from qmgui.core.repack import (
     FIRST_KNOWN_BUILD,
     MUL_MAT,
@@ -48,11 +48,6 @@ from qmgui.core.units import MIB, format_bytes
 QUANT_BLOCKS: dict[str, tuple[int, int]] = GGML_SIZES_BY_NAME
 
 CPU = "CPU"
-# tensors of llama.cpp's input layer (LLM_TENSOR_LAYER_INPUT): always on the CPU
-INPUT_TENSORS = frozenset({"token_embd.weight", "position_embd.weight", "token_types.weight"})
-_BLK = re.compile(r"^blk\.([0-9]{1,9})\.")  # ASCII, bounded: int() never refuses it
-# expert weights that --cpu-moe / --n-cpu-moe keep on the CPU (common/arg.cpp's pattern)
-_EXPERTS = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch)?exps")
 # architectures llama.cpp creates no KV memory for (llama_model::create_memory: encoders and
 # diffusion LMs that attend to the whole batch at once)
 NO_MEMORY_ARCHS = frozenset(
@@ -255,9 +250,9 @@ def layer_device_map(
 _INPUT, _LAYER, _OUTPUT = 0, 1, 2
 
 
-@dataclass(frozen=True)
-class _Placed:
-    """A tensor reduced to what placement needs (built once per model, see _table)."""
+class _Placed(NamedTuple):
+    """A tensor reduced to what placement needs (built once per model, see _table; a tuple:
+    a model has thousands)."""
 
     role: int  # _INPUT, _LAYER or _OUTPUT
     layer: int
@@ -293,25 +288,24 @@ def _table(meta: ModelMeta) -> tuple[_Placed, ...]:
     # loader tries the scan with A's first dimension, or the header's state size when that is
     # 1 (Mamba-2); gated-delta-net models use their A in a multiplication (SSM_A_NOSCAN)
     vk_scan_cpu = meta.ssm is not None and meta.architecture not in _A_NOSCAN
-    for t in meta.tensors:
-        m = _BLK.match(t.name)
-        if t.name in INPUT_TENSORS:
+    n_layer = meta.n_layer
+    for t, (il, expert) in zip(meta.tensors, tensor_places(meta), strict=True):
+        if il < 0:
             role, layer = _INPUT, -1
-        elif m is None or int(m.group(1)) >= meta.n_layer:
+        elif il >= n_layer:
             role, layer = _OUTPUT, -1  # output layer, and blocks beyond the model's layers
         else:
-            role, layer = _LAYER, int(m.group(1))
-        expert = role == _LAYER and _EXPERTS.search(t.name) is not None
+            role, layer = _LAYER, il
         rows.append(
             _Placed(
                 role,
                 layer,
-                expert,
+                expert and role == _LAYER,
                 t.offset,
                 t.nbytes,
                 t.file_index,
                 _cuda_alloc_size(t),
-                vulkan_cpu=vk_scan_cpu
+                vk_scan_cpu
                 and t.name.endswith(".ssm_a")
                 and _scan_state(meta, t) not in (128, 256),
             )

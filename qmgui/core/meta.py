@@ -336,6 +336,43 @@ def gguf_quant_label(header: GGUFHeader) -> str | None:
     return max(by_type, key=lambda k: by_type[k]) if by_type else None
 
 
+# tensors of llama.cpp's input layer (LLM_TENSOR_LAYER_INPUT): always on the CPU
+INPUT_TENSORS = frozenset({"token_embd.weight", "position_embd.weight", "token_types.weight"})
+# expert weights that --cpu-moe / --n-cpu-moe keep on the CPU (common/arg.cpp's pattern)
+_EXPERTS = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch)?exps")
+
+
+def tensor_places(meta: ModelMeta) -> tuple[tuple[int, bool], ...]:
+    """Per tensor of meta.tensors, as llama.cpp's loader places it: its layer (-1: the input
+    layer's embeddings; meta.n_layer: the output layer, and blocks beyond the model's layers)
+    and whether its name is an expert tensor's. Read once per model (core.footprint's
+    placement table and core.sched's weight sizes both ask)."""
+    hit = _PLACES.get(id(meta))
+    if hit is not None and hit[0] is meta:
+        return hit[1]
+    n = meta.n_layer
+    out = []
+    for t in meta.tensors:
+        name = t.name
+        m = _BLK.match(name)
+        if name in INPUT_TENSORS:
+            layer = -1
+        elif m is None:
+            layer = n
+        else:
+            layer = min(int(m.group(1)), n)
+        out.append((layer, _EXPERTS.search(name) is not None))
+    places = tuple(out)
+    if len(_PLACES) >= _PLACES_KEPT:
+        _PLACES.clear()
+    _PLACES[id(meta)] = (meta, places)
+    return places
+
+
+_PLACES: dict[int, tuple[ModelMeta, tuple[tuple[int, bool], ...]]] = {}
+_PLACES_KEPT = 32  # models whose places are kept (keyed by identity, checked as others are)
+
+
 def _layer_bytes(tensors: Sequence[TensorInfo], n_layer: int) -> tuple[tuple[int, ...], int]:
     per = [0] * n_layer
     other = 0

@@ -41,7 +41,6 @@ built for every context, the reference the compiled one must equal (and the fall
 from __future__ import annotations
 
 import math
-import re
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -90,7 +89,7 @@ from qmgui.core.graph.dims import (
     swa_cells,
 )
 from qmgui.core.launch import Resolved
-from qmgui.core.meta import ModelMeta
+from qmgui.core.meta import ModelMeta, tensor_places
 
 __all__ = ["Offload", "SchedBytes", "sched_compute_bytes"]
 
@@ -106,9 +105,6 @@ HOST_ALIGNMENT = 64
 
 _VIEW_OPS = frozenset({"view", "reshape", "permute", "transpose"})
 _EMPTY = _VIEW_OPS | {"none"}
-_BLK = re.compile(r"^blk\.([0-9]{1,9})\.")  # ASCII, bounded: int() never refuses it
-_EXPERTS = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch)?exps")
-_INPUT_TENSORS = frozenset({"token_embd.weight", "position_embd.weight", "token_types.weight"})
 
 
 @dataclass(frozen=True)
@@ -342,23 +338,17 @@ def _host_weight_sizes(meta: ModelMeta) -> _Sizes:
         return hit[1]
     by_shape: dict[tuple[int, bool, tuple[int, ...]], int] = {}
     largest: dict[tuple[int, bool], int] = {}
-
-    def put(layer: int, expert: bool, shape: Sequence[int], size: int) -> None:
-        k = (layer, expert, _shape(shape))
-        by_shape[k] = max(by_shape.get(k, 0), size)
-        largest[k[:2]] = max(largest.get(k[:2], 0), size)
-
-    for t in meta.tensors:
-        m = _BLK.match(t.name)
-        if t.name in _INPUT_TENSORS:
-            layer = -1
-        elif m is None or int(m.group(1)) >= meta.n_layer:
-            layer = meta.n_layer
-        else:
-            layer = int(m.group(1))
-        put(layer, _EXPERTS.search(t.name) is not None, t.shape, t.nbytes)
-        if t.name == "token_embd.weight" and meta.tied_embeddings:
-            put(meta.n_layer, False, t.shape, t.nbytes)  # the output matmul reads it
+    n = meta.n_layer
+    tied = meta.tied_embeddings
+    for t, (layer, expert) in zip(meta.tensors, tensor_places(meta), strict=True):
+        # and the output matmul reads a tied token_embd
+        also = tied and t.name == "token_embd.weight"
+        for k in ((layer, expert, _shape(t.shape)), (n, False, _shape(t.shape)))[: 1 + also]:
+            size = t.nbytes
+            if by_shape.get(k, -1) < size:
+                by_shape[k] = size
+            if largest.get(k[:2], -1) < size:
+                largest[k[:2]] = size
     rows: dict[int, list[tuple[bool, tuple[int, ...], int]]] = {}
     for (layer, expert, shape), size in by_shape.items():
         rows.setdefault(layer, []).append((expert, shape, size))
@@ -764,14 +754,15 @@ class _TapeArena:
         self.which = which
         self.align = tape.aligns[which]
         self.events = tape.events[which]
+        self.sizes, self.owner, self.order = tape.sizes, tape.owner, tape.order
 
     def alloc(self, size: int) -> int:
-        tape = self.tape
-        slot = len(tape.sizes)
-        tape.sizes.append(-(-size // self.align) * self.align)
-        tape.owner.append(self.which)
+        sizes = self.sizes
+        slot = len(sizes)
+        sizes.append(-(-size // self.align) * self.align)
+        self.owner.append(self.which)
         self.events.append(slot)
-        tape.order.append((self.which, slot, size))
+        self.order.append((self.which, slot, size))
         return slot
 
     def free(self, offset: int, size: int) -> None:
@@ -807,14 +798,12 @@ def _run_walk(
         return arenas[be.get(id(t), HOST)]
 
     for leaf in g.leafs:
-        _alloc(arena(leaf), leaf, same)
+        if not leaf.external:  # weights and caches are not in the compute buffers
+            _alloc(arena(leaf), leaf, same)
+    _count_readers(seq)
+    get = be.get
     for t in seq:
-        if t.view_src is not None and t.op != "none":
-            t.view_src.n_views += 1
-        for s in t.src:
-            s.n_children += 1
-    for t in seq:
-        a = arenas[be.get(id(t), HOST)]
+        a = arenas[get(id(t), HOST)]
         for s in t.src:  # _alloc's own first test, inline: most sources are placed already
             if not (s.external or s.allocated or s.view_src is not None):
                 _alloc(a, s, same)
@@ -822,8 +811,23 @@ def _run_walk(
             _alloc(a, t, same)
         for p in t.src:  # _release's first steps, inline: most sources have readers left
             p.n_children -= 1
-            if not (p.n_children or p.n_views or (p.view_src is not None and p.op == "none")):
+            # a weight or cache read for the last time: nothing to free (never placed)
+            if not (
+                p.n_children
+                or p.n_views
+                or p.external
+                or (p.view_src is not None and p.op == "none")
+            ):
                 _release_last(p, arena)
+
+
+def _count_readers(seq: Sequence[Tensor]) -> None:
+    """ggml_gallocr_alloc_graph_impl's first pass: each tensor's readers and views."""
+    for t in seq:
+        if t.view_src is not None and t.op != "none":
+            t.view_src.n_views += 1
+        for s in t.src:
+            s.n_children += 1
 
 
 def _release_last(p: Tensor, arena: Callable[[Tensor], _ArenaLike]) -> None:

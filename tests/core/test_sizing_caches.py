@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from qmgui.core import compute, footprint, sched
+from qmgui.core import meta as meta_module
 from qmgui.core.fit import Budget, gpus_from_sizes, max_context, offload_for_context
 from qmgui.core.footprint import Gpu, estimate
 from qmgui.core.gguf_header import read_gguf_header
@@ -44,6 +45,7 @@ def _forget() -> None:
         sched._SIZES,
         footprint._TABLES,
         footprint._PLACED,
+        meta_module._PLACES,
     ):
         cache.clear()
 
