@@ -59,6 +59,7 @@ from qmgui.core.ggml.compile import (
     NotAffine,
     Program,
     compile_walk,
+    peak_taped,
     same_graph,
 )
 from qmgui.core.ggml.graph import Graph
@@ -297,7 +298,7 @@ def _reserve_bytes(meta: ModelMeta, r: Resolved, build: Build, embeddings: bool)
             if not seen_before(meta, key, _SEEN):
                 with GRAPHS_LOCK:  # asked once so far: walked plainly (see seen_before)
                     graph = built(meta, build, d, shape).walked()
-                    peak = max(peak, kept_peak(peaks, u, v, peak_bytes(graph)))
+                    peak = max(peak, kept_peak(peaks, u, v, peak_taped(graph)))
                 continue
             prog = _program(meta, build, d, shape)
             if len(_PROGRAMS) >= 16 * CACHE_KEPT:
@@ -308,7 +309,7 @@ def _reserve_bytes(meta: ModelMeta, r: Resolved, build: Build, embeddings: bool)
                 d = dims(meta, r, embeddings)
             b = Builder(d, shape)
             build(b)
-            peak = max(peak, kept_peak(peaks, u, v, peak_bytes(b.g)))
+            peak = max(peak, kept_peak(peaks, u, v, peak_taped(b.g)))
         elif prog.bound(u, v) > peak:  # a graph that cannot outgrow the peak is not walked
             peak = max(peak, kept_peak(peaks, u, v, prog.peak(u, v)))
     return peak

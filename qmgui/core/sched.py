@@ -794,31 +794,52 @@ def _run_walk(
     be = _assign(g, o, n_layer)
     seq = _sequence(g, be, _split(g, be, sizes), o)
 
-    def arena(t: Tensor) -> _ArenaLike:
-        return arenas[be.get(id(t), HOST)]
-
+    get = be.get
     for leaf in g.leafs:
         if not leaf.external:  # weights and caches are not in the compute buffers
-            _alloc(arena(leaf), leaf, same)
+            _alloc(arenas[get(id(leaf), HOST)], leaf, same)
     _count_readers(seq)
+    _place(seq, be, arenas, same)
+
+
+def _place(
+    seq: Sequence[Tensor],
+    be: dict[int, int],
+    arenas: Sequence[_ArenaLike],
+    same: Callable[[Tensor, Tensor], bool],
+) -> None:
+    """ggml_gallocr_alloc_graph_impl's node loop over the scheduler's sequence: each node's
+    unplaced sources and the node placed in its backend's arena, then the sources it read
+    last freed (a view's root once nothing reads or views it), each in its own backend's.
+    ggml-alloc's allocate and release inline where they return at once: most sources are
+    placed already and keep readers, and weights and caches are never placed."""
     get = be.get
     for t in seq:
+        srcs = t.src
         a = arenas[get(id(t), HOST)]
-        for s in t.src:  # _alloc's own first test, inline: most sources are placed already
+        for s in srcs:
             if not (s.external or s.allocated or s.view_src is not None):
                 _alloc(a, s, same)
         if not (t.external or t.allocated or t.view_src is not None):  # views need nothing
             _alloc(a, t, same)
-        for p in t.src:  # _release's first steps, inline: most sources have readers left
+        for p in srcs:
             p.n_children -= 1
-            # a weight or cache read for the last time: nothing to free (never placed)
-            if not (
-                p.n_children
-                or p.n_views
-                or p.external
-                or (p.view_src is not None and p.op == "none")
-            ):
-                _release_last(p, arena)
+            if p.n_children or p.n_views or p.external:
+                continue
+            dead = p.view_src
+            if dead is not None:
+                if p.op == "none":  # input_dep: keeps its source alive, frees nothing
+                    continue
+                dead.n_views -= 1
+                if dead.n_views or dead.n_children or not dead.allocated:
+                    continue
+            elif p.allocated:
+                dead = p
+            else:
+                continue
+            if not dead.is_output:
+                arenas[get(id(dead), HOST)].free(dead.offset, nbytes(dead))
+                dead.allocated = False
 
 
 def _count_readers(seq: Sequence[Tensor]) -> None:
@@ -828,19 +849,6 @@ def _count_readers(seq: Sequence[Tensor]) -> None:
             t.view_src.n_views += 1
         for s in t.src:
             s.n_children += 1
-
-
-def _release_last(p: Tensor, arena: Callable[[Tensor], _ArenaLike]) -> None:
-    """The last reader of `p` has run: free it (or what it views, once that has no reader
-    and no view left)."""
-    root = p.view_src
-    if root is None:
-        if p.allocated:
-            _free(arena(p), p)
-        return
-    root.n_views -= 1
-    if root.n_views == 0 and root.n_children == 0 and root.allocated:
-        _free(arena(root), root)
 
 
 def _sequence(g: Graph, be: dict[int, int], splits: Sequence[_Split], o: Offload) -> list[Tensor]:
@@ -862,13 +870,6 @@ def _alloc(arena: _ArenaLike, t: Tensor, same: Callable[[Tensor, Tensor], bool])
     """ggml_gallocr_allocate_node: in place over a dying parent if allowed, else best fit."""
     if claim(t, same) is False:
         t.offset = arena.alloc(nbytes(t))
-
-
-def _free(arena: _ArenaLike, t: Tensor) -> None:
-    if t.is_output:
-        return
-    arena.free(t.offset, nbytes(t))
-    t.allocated = False
 
 
 # --- the walk compiled once per structure -------------------------------------------------------

@@ -733,3 +733,28 @@ def test_b11434_archs_compute_buffer_within_the_band(
     rule = _ARCH_RULES[model]
     assert got >= measured - _FOUR_DECIMALS, f"{model} {setting}: {got:.4f} < {measured} ({rule})"
     assert got <= measured * OVER, f"{model} {setting}: {got:.4f} > {measured} x {OVER} ({rule})"
+
+
+@pytest.mark.parametrize("model", sorted({row["model"] for row in _launches()}))
+def test_the_taped_walk_places_as_the_arena(model: str) -> None:
+    """ggml.compile.peak_taped (a structure's first ask: the walk taped, then the best fit
+    run over the tape) against ggml.alloc.peak_bytes (an Arena placing as the walk goes):
+    the same high-water mark on every fixture launch's graphs, the prompt's and the token
+    generation's, at its own context and a larger one."""
+    from qmgui.core.compute import _layout, _reserve_shapes, is_embedding
+    from qmgui.core.ggml.alloc import peak_bytes
+    from qmgui.core.ggml.compile import peak_taped
+
+    meta = _models()[model]
+    build, _ = _layout(meta)
+    embd = is_embedding(meta)
+    for row in _rows(model)[:6]:
+        base = _resolved(row)
+        for r in (base, _at_cells(base, base.n_ctx_seq + 4096)):
+            for shape in _reserve_shapes(r, embd):
+                graphs = []
+                for _ in range(2):  # one graph walked each way (a walk changes its graph)
+                    b = Builder(dims(meta, r, embd), shape)
+                    build(b)
+                    graphs.append(b.g)
+                assert peak_taped(graphs[0]) == peak_bytes(graphs[1]), (model, row, shape)

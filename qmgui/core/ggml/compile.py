@@ -26,7 +26,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from qmgui.core.ggml.alloc import CPU_ALIGNMENT, INPLACE_OPS
+from qmgui.core.ggml.alloc import CPU_ALIGNMENT, INPLACE_OPS, same_layout
 from qmgui.core.ggml.graph import Graph
 from qmgui.core.ggml.tensor import Tensor, nbytes
 
@@ -122,12 +122,36 @@ class EventWalk:
                 node.view_src.n_views += 1
             for s in node.src:
                 s.n_children += 1
-        for node in g.nodes:
-            for s in node.src:
-                self.allocate(s)
-            self.allocate(node)
-            for s in node.src:
-                self.release(s)
+        self._walk(g.nodes)
+
+    def _walk(self, nodes: Sequence[Tensor]) -> None:
+        """peak_bytes' node loop, its allocate and release inline (the tests they start
+        with): a graph has thousands of nodes, most of whose sources are placed and keep
+        readers."""
+        events = self.events
+        for node in nodes:
+            srcs = node.src
+            for s in srcs:
+                if not (s.external or s.allocated or s.view_src is not None):
+                    self.allocate(s)
+            if not (node.external or node.allocated or node.view_src is not None):
+                self.allocate(node)
+            for p in srcs:
+                p.n_children -= 1
+                if p.n_children or p.n_views:
+                    continue
+                dead = p.view_src  # a view's last reader: its root, once nothing reads it
+                if dead is not None:
+                    dead.n_views -= 1
+                    if dead.n_views or dead.n_children or not dead.allocated:
+                        continue
+                elif p.allocated:
+                    dead = p
+                else:
+                    continue
+                if not dead.is_output:
+                    events.append(~dead.offset)
+                    dead.allocated = False
 
     def allocate(self, t: Tensor) -> None:
         """allocate, with the layout test last (the tests are free of side effects)."""
@@ -136,24 +160,6 @@ class EventWalk:
         t.offset = len(self.owners)
         self.owners.append(t)
         self.events.append(t.offset)
-
-    def release(self, parent: Tensor) -> None:
-        """release."""
-        parent.n_children -= 1
-        if parent.n_children != 0 or parent.n_views != 0:
-            return
-        if parent.view_src is not None:
-            root = parent.view_src
-            root.n_views -= 1
-            if root.n_views == 0 and root.n_children == 0 and root.allocated:
-                self.free(root)
-        elif parent.allocated:
-            self.free(parent)
-
-    def free(self, t: Tensor) -> None:
-        if not t.is_output:
-            self.events.append(~t.offset)
-            t.allocated = False
 
 
 @dataclass(frozen=True)
@@ -176,6 +182,15 @@ class Program:
         for slot, c, a, b in self.grows:
             sizes[slot] = -(-(c + a * u + b * v) // CPU_ALIGNMENT) * CPU_ALIGNMENT
         return run_best_fit(self.events, sizes)
+
+
+def peak_taped(g: Graph) -> int:
+    """alloc.peak_bytes (the reference) by another road: the walk taped (EventWalk), then the
+    best fit run over the tape (run_best_fit: two flat lists, a bisection per free) rather
+    than an Arena placing as the walk goes."""
+    walk = EventWalk(g, same_layout)
+    sizes = [-(-nbytes(t) // CPU_ALIGNMENT) * CPU_ALIGNMENT for t in walk.owners]
+    return run_best_fit(walk.events, sizes)
 
 
 def run_best_fit(events: Sequence[int], sizes: Sequence[int]) -> int:
