@@ -479,14 +479,21 @@ def test_models_ini_reads_back_to_exactly_the_models_given(
     names = [s for s, _ in sections]
     assert len(names) == len(set(names)), "a section twice: the later one replaces the first"
     assert sections[0] == ("default", {"version": "1"})
-    # each model is a section of its own, in order, or left out with a warning: none added
+    # each model is a section of its own, in order, or left out with a warning: none added.
+    # Which are left out: each model's file alone (whether a model can be written does not
+    # depend on the others; pairing sections to models by path would not do, two models may
+    # share a file)
     left_out = sum(": left out of models.ini: " in w for w in result.warnings)
     assert len(sections) - 1 + left_out == len(items)
-    remaining = iter(enumerate(items))
-    for section, keys in sections[1:]:
-        # the next model not left out: a bad path always is
-        index, (name, path, _, _) = next((i, it) for i, it in remaining if keys["model"] == it[1])
-        assert not _bad_ini_value(path)
+    kept = [
+        (i, it)
+        for i, (it, p) in enumerate(zip(items, presets, strict=True))
+        if len(parse_preset(render_models_ini([p]).text)) == 2
+    ]
+    assert len(kept) == len(sections) - 1
+    for (section, keys), (index, (name, path, _, _)) in zip(sections[1:], kept, strict=True):
+        assert keys["model"] == path
+        assert not _bad_ini_value(path)  # a bad path is always left out
         assert keys["temp"] == "0.5"
         assert "alias" not in keys  # the router's
         assert all(re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_.-]*", k) for k in keys)
