@@ -395,40 +395,41 @@ def _supported(t: Tensor, b: int, o: Offload) -> bool:
     return not (t.op == "ssm_scan" and t.src[0].ne[0] not in (128, 256))
 
 
-def _assign(g: Graph, o: Offload, n_layer: int) -> dict[int, int]:
-    """Passes 1-4 of ggml_backend_sched_split_graph: a backend per tensor (by id)."""
-    be: dict[int, int] = {}
+def _assign(g: Graph, o: Offload, n_layer: int) -> None:
+    """Passes 1-4 of ggml_backend_sched_split_graph: a backend for every tensor of `g`
+    (Tensor.backend, where ggml's scheduler keeps a table by tensor)."""
     for leaf in g.leafs:  # graph inputs go to the CPU ("1.inp")
-        be[id(leaf)] = _external_backend(leaf, o, n_layer) if leaf.external else HOST
-    real = _pass1(g, o, n_layer, be)
+        leaf.backend = _external_backend(leaf, o, n_layer) if leaf.external else HOST
+    real = _pass1(g, o, n_layer)
     # nodes the GPU cannot run (Vulkan's odd SSM scans): passes 2 and 3 leave them alone
-    no_gpu = (
-        frozenset(id(t) for t in g.nodes if not _supported(t, GPU, o))
-        if o.backend == "vulkan"
-        else frozenset()
-    )
+    no_gpu = [t for t in real if not _supported(t, GPU, o)] if o.backend == "vulkan" else []
     back = real[::-1]
+    left = sum(1 for t in real if t.backend < 0)  # what pass 2 may assign
+    no_gpu_ids = frozenset(id(t) for t in no_gpu)
     for order, gpu_only in ((real, True), (back, True), (real, False), (back, False)):
-        _expand(order, be, no_gpu, gpu_only=gpu_only)
-    for i in no_gpu:  # pass 3: what no neighbour could take runs where it is supported
-        if i not in be:
-            be[i] = HOST
+        if not left:  # nothing left to assign: the sweeps after change nothing
+            break
+        left -= _expand(order, no_gpu_ids, gpu_only=gpu_only)
+    for t in no_gpu:  # pass 3: what no neighbour could take runs where it is supported
+        if t.backend < 0:
+            t.backend = HOST
     for t in g.nodes:  # pass 4: views with what they view; anything left (no GPU node) on the CPU
-        if id(t) not in be:
+        if t.backend < 0:
             root = t.view_src
-            be[id(t)] = be.get(id(root), HOST) if root is not None else HOST
-    return be
+            b = root.backend if root is not None else HOST
+            t.backend = b if b >= 0 else HOST
 
 
-def _pass1(g: Graph, o: Offload, n_layer: int, be: dict[int, int]) -> list[int]:
-    """Pass 1 (ggml_backend_sched_backend_id_from_cur) into `be`; the nodes but views, by
-    id, which passes 2 and 3 walk."""
-    real: list[int] = []
+def _pass1(g: Graph, o: Offload, n_layer: int) -> list[Tensor]:
+    """Pass 1 (ggml_backend_sched_backend_id_from_cur): the nodes it decides get their
+    backend, the others none (-1). Returns the nodes but views, which passes 2 and 3 walk."""
+    real: list[Tensor] = []
     for t in g.nodes:
+        t.backend = -1
         root = t.view_src
         if root is not None:  # "1.vsrc": views of weights and caches, writes into caches
             if root.external:
-                be[id(t)] = _external_backend(root, o, n_layer)
+                t.backend = _external_backend(root, o, n_layer)
             if t.op in _VIEW_OPS:
                 continue
         elif t.op not in _ROPE_OPS:
@@ -436,9 +437,9 @@ def _pass1(g: Graph, o: Offload, n_layer: int, be: dict[int, int]) -> list[int]:
                 if s.external and s.is_weight:
                     b = _by_weight(t, s, o, n_layer)
                     if b is not None:
-                        be[id(t)] = b
+                        t.backend = b
                     break
-        real.append(id(t))
+        real.append(t)
     return real
 
 
@@ -455,20 +456,20 @@ def _by_weight(t: Tensor, s: Tensor, o: Offload, n_layer: int) -> int | None:
     return wb if _supported(t, wb, o) else None
 
 
-def _expand(
-    order: Sequence[int], be: dict[int, int], no_gpu: frozenset[int], *, gpu_only: bool
-) -> None:
-    """Pass 2: unassigned nodes (by id) take the backend of the node before them in `order`
-    (the GPU only, skipping CPU nodes, in the first two sweeps); `no_gpu`: nodes the GPU
-    cannot run (the CPU runs everything)."""
+def _expand(order: Sequence[Tensor], no_gpu: frozenset[int], *, gpu_only: bool) -> int:
+    """Pass 2: unassigned nodes take the backend of the node before them in `order` (the
+    GPU only, skipping CPU nodes, in the first two sweeps); `no_gpu`: nodes (by id) the GPU
+    cannot run (the CPU runs everything). Returns how many it assigned."""
     cur = -1
-    get = be.get
-    for i in order:
-        b = get(i, -1)
+    n = 0
+    for t in order:
+        b = t.backend
         if b != -1:
             cur = -1 if gpu_only and b == HOST else b
-        elif cur != -1 and not (cur == GPU and i in no_gpu):
-            be[i] = cur
+        elif cur != -1 and not (cur == GPU and no_gpu and id(t) in no_gpu):
+            t.backend = cur
+            n += 1
+    return n
 
 
 @dataclass
@@ -479,23 +480,22 @@ class _Split:
     inputs: list[tuple[Tensor, Tensor]] = field(default_factory=list)  # (source, its copy)
 
 
-def _split(g: Graph, be: dict[int, int], sizes: _Sizes) -> list[_Split]:
+def _split(g: Graph, sizes: _Sizes) -> list[_Split]:
     """Pass 5: splits, and one copy of every tensor read from the other backend, made at the
     start of the first split that reads it (the readers are rewired to the copy)."""
     nodes = g.nodes
     splits: list[_Split] = []
     copies: dict[tuple[int, int], Tensor] = {}
     cur: _Split | None = None
-    get = be.get
     for i, t in enumerate(nodes):
         if t.op in _VIEW_OPS:
             continue
-        b = be[id(t)]
+        b = t.backend
         # the sources read from the other backend (most nodes: none, found without a list)
         across: list[int] = []
         for s in t.src:
-            if get(id(s), HOST) != b:
-                across = [j for j, s in enumerate(t.src) if get(id(s), HOST) != b]
+            if s.backend != b:
+                across = [j for j, s in enumerate(t.src) if s.backend != b]
                 break
         new = cur is None or b != cur.backend
         if not new and cur is not None and cur.inputs and across:
@@ -515,7 +515,7 @@ def _split(g: Graph, be: dict[int, int], sizes: _Sizes) -> list[_Split]:
             cp = copies.get((id(s), b))
             if cp is None:
                 cp = _copy_of(s, t, sizes)
-                be[id(cp)] = b
+                cp.backend = b
                 copies[(id(s), b)] = cp
                 cur.inputs.append((s, cp))
             srcs[j] = cp
@@ -791,32 +791,26 @@ def _run_walk(
 ) -> None:
     """Passes 1-5, the reordering and ggml-alloc's walk over the split graph, placing into
     `arenas` (GPU, host); `same` decides same_layout (the compiled walk records instead)."""
-    be = _assign(g, o, n_layer)
-    seq = _sequence(g, be, _split(g, be, sizes), o)
-
-    get = be.get
+    _assign(g, o, n_layer)
+    seq = _sequence(g, _split(g, sizes), o)
     for leaf in g.leafs:
         if not leaf.external:  # weights and caches are not in the compute buffers
-            _alloc(arenas[get(id(leaf), HOST)], leaf, same)
+            _alloc(arenas[leaf.backend], leaf, same)
     _count_readers(seq)
-    _place(seq, be, arenas, same)
+    _place(seq, arenas, same)
 
 
 def _place(
-    seq: Sequence[Tensor],
-    be: dict[int, int],
-    arenas: Sequence[_ArenaLike],
-    same: Callable[[Tensor, Tensor], bool],
+    seq: Sequence[Tensor], arenas: Sequence[_ArenaLike], same: Callable[[Tensor, Tensor], bool]
 ) -> None:
     """ggml_gallocr_alloc_graph_impl's node loop over the scheduler's sequence: each node's
     unplaced sources and the node placed in its backend's arena, then the sources it read
     last freed (a view's root once nothing reads or views it), each in its own backend's.
     ggml-alloc's allocate and release inline where they return at once: most sources are
     placed already and keep readers, and weights and caches are never placed."""
-    get = be.get
     for t in seq:
         srcs = t.src
-        a = arenas[get(id(t), HOST)]
+        a = arenas[t.backend]
         for s in srcs:
             if not (s.external or s.allocated or s.view_src is not None):
                 _alloc(a, s, same)
@@ -838,7 +832,7 @@ def _place(
             else:
                 continue
             if not dead.is_output:
-                arenas[get(id(dead), HOST)].free(dead.offset, nbytes(dead))
+                arenas[dead.backend].free(dead.offset, nbytes(dead))
                 dead.allocated = False
 
 
@@ -851,7 +845,7 @@ def _count_readers(seq: Sequence[Tensor]) -> None:
             s.n_children += 1
 
 
-def _sequence(g: Graph, be: dict[int, int], splits: Sequence[_Split], o: Offload) -> list[Tensor]:
+def _sequence(g: Graph, splits: Sequence[_Split], o: Offload) -> list[Tensor]:
     """The scheduler's graph copy: per split, each input's source dependency and its copy,
     then the split's nodes (reordered on Vulkan)."""
     seq: list[Tensor] = []
@@ -859,7 +853,7 @@ def _sequence(g: Graph, be: dict[int, int], splits: Sequence[_Split], o: Offload
         for src, cp in sp.inputs:
             # input_dep keeps the source alive until it is copied (a GGML_OP_NONE view of it)
             dep = Tensor(src.type, src.ne, "none", (src,), src, src.nb)
-            be[id(dep)] = be.get(id(src), HOST)
+            dep.backend = src.backend
             seq += (dep, cp)
         part = g.nodes[sp.start : sp.end]
         seq += _vk_reorder(part) if sp.backend == GPU and o.reorders else part

@@ -27,6 +27,7 @@ class Tensor:
 
     __slots__ = (
         "allocated",
+        "backend",
         "expert",
         "external",
         "is_output",
@@ -85,6 +86,7 @@ class Tensor:
         self.expert = self.is_weight = self.is_output = False
         self.allocated = self.visited = False  # visited: reached by Graph.expand
         self.n_children = self.n_views = self.offset = 0
+        self.backend = -1  # core.sched: the backend that runs it (-1: none decided)
 
     @property
     def nelements(self) -> int:
