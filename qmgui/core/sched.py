@@ -64,7 +64,7 @@ from qmgui.core.compute import (
     verified,
 )
 from qmgui.core.errors import SizingError
-from qmgui.core.ggml.alloc import Arena, same_layout
+from qmgui.core.ggml.alloc import INPLACE_OPS, Arena, same_layout
 from qmgui.core.ggml.compile import (
     CELLS,
     COEF_MAX,
@@ -690,8 +690,18 @@ def _pull_followers(
 
 
 class _ArenaLike(Protocol):
-    def alloc(self, size: int) -> int: ...
-    def free(self, offset: int, size: int) -> None: ...
+    def alloc(self, size: int) -> int:
+        """Place `size` bytes: the offset (or a slot) the tensor keeps."""
+
+    def release(self, t: Tensor) -> None:
+        """Free what `t` was placed at (its offset; its size, the placement's)."""
+
+
+class _Placing(Arena):
+    """An Arena as the walk frees into it: by tensor."""
+
+    def release(self, t: Tensor) -> None:
+        self.free(t.offset, nbytes(t))
 
 
 def _walk(g: Graph, o: Offload, sizes: _Sizes, n_layer: int) -> tuple[int, int]:
@@ -707,7 +717,7 @@ def _walk(g: Graph, o: Offload, sizes: _Sizes, n_layer: int) -> tuple[int, int]:
 
 def _walk_arenas(g: Graph, o: Offload, sizes: _Sizes, n_layer: int) -> tuple[int, int]:
     """_walk placing into two Arenas as it walks."""
-    arenas = (Arena(_gpu_alignment(o)), Arena(HOST_ALIGNMENT))
+    arenas = (_Placing(_gpu_alignment(o)), _Placing(HOST_ALIGNMENT))
     _run_walk(g, o, sizes, n_layer, arenas=arenas, same=same_layout)
     return arenas[GPU].max_size, arenas[HOST].max_size
 
@@ -722,9 +732,10 @@ class _Tape:
         self.sizes: list[int] = []  # per slot, padded
         self.owner: list[int] = []  # per slot, the arena that placed it
         self.events: tuple[list[int], list[int]] = ([], [])  # per arena: slot, or ~slot (free)
-        self.order: list[tuple[int, int, int]] = []  # (arena, event, bytes asked) in order
-        # every free by the arena that placed the slot, at the size it placed: then the two
-        # arenas are independent and each event list is its arena's walk
+        # (arena, event, the tensor freed) in order
+        self.order: list[tuple[int, int, Tensor | None]] = []
+        # every free by the arena that placed the slot: then the two arenas are independent
+        # and each event list is its arena's walk
         self.split = True
 
     def arena(self, which: int) -> _TapeArena:
@@ -738,11 +749,11 @@ class _Tape:
             )
         arenas = (Arena(self.aligns[GPU]), Arena(self.aligns[HOST]))
         offsets = [0] * len(self.sizes)
-        for which, e, n in self.order:
-            if e >= 0:
-                offsets[e] = arenas[which].alloc(n)
+        for which, e, t in self.order:
+            if t is None:
+                offsets[e] = arenas[which].alloc(self.sizes[e])
             else:
-                arenas[which].free(offsets[~e], n)
+                arenas[which].free(offsets[~e], nbytes(t))
         return arenas[GPU].max_size, arenas[HOST].max_size
 
 
@@ -762,18 +773,16 @@ class _TapeArena:
         sizes.append(-(-size // self.align) * self.align)
         self.owner.append(self.which)
         self.events.append(slot)
-        self.order.append((self.which, slot, size))
+        self.order.append((self.which, slot, None))
         return slot
 
-    def free(self, offset: int, size: int) -> None:
-        tape = self.tape
-        if (
-            tape.owner[offset] != self.which
-            or tape.sizes[offset] != -(-size // self.align) * self.align
-        ):
-            tape.split = False
-        self.events.append(~offset)
-        tape.order.append((self.which, ~offset, size))
+    def release(self, t: Tensor) -> None:
+        slot = t.offset
+        if self.owner[slot] != self.which:
+            self.tape.split = False
+        # its size is the slot's: an in-place child frees with its parent's layout
+        self.events.append(~slot)
+        self.order.append((self.which, ~slot, t))
 
 
 def _gpu_alignment(o: Offload) -> int:
@@ -800,7 +809,7 @@ def _run_walk(
     _place(seq, arenas, same)
 
 
-def _place(
+def _place(  # noqa: C901 - one loop, ggml-alloc's steps inline (the walk's inner loop)
     seq: Sequence[Tensor], arenas: Sequence[_ArenaLike], same: Callable[[Tensor, Tensor], bool]
 ) -> None:
     """ggml_gallocr_alloc_graph_impl's node loop over the scheduler's sequence: each node's
@@ -815,7 +824,9 @@ def _place(
             if not (s.external or s.allocated or s.view_src is not None):
                 _alloc(a, s, same)
         if not (t.external or t.allocated or t.view_src is not None):  # views need nothing
-            _alloc(a, t, same)
+            t.allocated = True  # ggml-alloc's allocate (claim), inline
+            if not (t.op in INPLACE_OPS and _took_parent(t, same)):
+                t.offset = a.alloc(nbytes(t))
         for p in srcs:
             p.n_children -= 1
             if p.n_children or p.n_views or p.external:
@@ -832,8 +843,18 @@ def _place(
             else:
                 continue
             if not dead.is_output:
-                arenas[dead.backend].free(dead.offset, nbytes(dead))
+                arenas[dead.backend].release(dead)
                 dead.allocated = False
+
+
+def _took_parent(t: Tensor, same: Callable[[Tensor, Tensor], bool]) -> bool:
+    """claim's in-place step: `t` takes over a dying parent's memory (offset set)."""
+    for p in t.src:
+        if p.allocated and not p.is_output and p.n_children == 1 and p.n_views == 0 and same(t, p):
+            t.offset = p.offset
+            p.allocated = False
+            return True
+    return False
 
 
 def _count_readers(seq: Sequence[Tensor]) -> None:
@@ -1075,8 +1096,9 @@ class _Recorder:
         self.events.append(slot)
         return slot
 
-    def free(self, offset: int, size: int) -> None:
-        if self.arena_of[offset] != self.which or self.sizes[offset] != size:
+    def release(self, t: Tensor) -> None:
+        offset = t.offset
+        if self.arena_of[offset] != self.which or self.sizes[offset] != nbytes(t):
             raise NotAffine  # not a walk two independent best-fit arenas can replay
         self.events.append(~offset)
 

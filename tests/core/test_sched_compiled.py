@@ -25,6 +25,7 @@ from qmgui.core.compute import GRAPHS_LOCK, _layout, _reserve_shapes, is_embeddi
 from qmgui.core.errors import SizingError
 from qmgui.core.fit import Budget, _fits, check, gpus_from_sizes
 from qmgui.core.ggml.alloc import Arena
+from qmgui.core.ggml.tensor import Tensor
 from qmgui.core.gguf_header import read_gguf_header
 from qmgui.core.graph.builder import Builder
 from qmgui.core.graph.dims import Dims, Shape, dims, replay_layers
@@ -266,34 +267,38 @@ def test_an_offload_graph_serves_the_next_offload_of_the_same_layer_kinds(
 
 
 def test_a_tape_whose_arenas_are_not_apart_places_as_two_arenas() -> None:
-    """sched._Tape: a free by the other arena than the one that placed it (or at another
-    size) cannot be run per arena; the tape then plays its events, in order, through two
-    Arenas, as the walk placing as it goes would have."""
+    """sched._Tape: a free by the other arena than the one that placed it cannot be run per
+    arena; the tape then plays its events, in order, through two Arenas, as the walk placing
+    as it goes would have."""
     aligns = (64, 32)
-    steps = [(0, 100), (1, 40), (0, 300), ("free", 0, 0, 100), (1, 500), ("free", 1, 2, 300)]
-    steps += [(0, 90), (1, 70), ("free", 1, 1, 40), (0, 1000), ("free", 0, 5, 70)]
+    steps = [(0, 100), (1, 40), (0, 300), ("free", 0, 0), (1, 500), ("free", 1, 2)]
+    steps += [(0, 90), (1, 70), ("free", 1, 1), (0, 1000), ("free", 0, 5)]
     tape = sched._Tape(aligns)
     sides = (tape.arena(0), tape.arena(1))
     arenas = (Arena(aligns[0]), Arena(aligns[1]))
-    placed: list[tuple[int, int]] = []  # per allocation: (tape slot, arena offset)
+    placed: list[tuple[Tensor, int]] = []  # per allocation: the tensor (its slot), the offset
     for step in steps:
         if step[0] == "free":
-            _, which, i, n = step
-            assert isinstance(which, int) and isinstance(i, int) and isinstance(n, int)
-            sides[which].free(placed[i][0], n)
-            arenas[which].free(placed[i][1], n)
+            _, which, i = step
+            assert isinstance(which, int) and isinstance(i, int)
+            t, offset = placed[i]
+            sides[which].release(t)
+            arenas[which].free(offset, t.ne[0])
         else:
             which, n = step
             assert isinstance(which, int) and isinstance(n, int)
-            placed.append((sides[which].alloc(n), arenas[which].alloc(n)))
+            t = Tensor("i8", (n,))
+            t.offset = sides[which].alloc(n)
+            placed.append((t, arenas[which].alloc(n)))
     assert not tape.split
     assert tape.peaks() == (arenas[0].max_size, arenas[1].max_size)
     apart = sched._Tape(aligns)
     a, b = apart.arena(0), apart.arena(1)
-    x, y = a.alloc(100), b.alloc(40)
-    a.free(x, 100)
+    x, y = Tensor("i8", (100,)), Tensor("i8", (40,))
+    x.offset, y.offset = a.alloc(100), b.alloc(40)
+    a.release(x)
     a.alloc(50)
-    b.free(y, 40)
+    b.release(y)
     assert apart.split
     assert apart.peaks() == (128, 64)
 
