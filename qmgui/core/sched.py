@@ -75,6 +75,7 @@ from qmgui.core.ggml.compile import (
     claim,
     run_best_fit,
     same_layout_symbolic,
+    took_parent,
 )
 from qmgui.core.ggml.graph import Graph
 from qmgui.core.ggml.tensor import Tensor, nbytes
@@ -825,7 +826,7 @@ def _place(  # noqa: C901 - one loop, ggml-alloc's steps inline (the walk's inne
                 _alloc(a, s, same)
         if not (t.external or t.allocated or t.view_src is not None):  # views need nothing
             t.allocated = True  # ggml-alloc's allocate (claim), inline
-            if not (t.op in INPLACE_OPS and _took_parent(t, same)):
+            if not (t.op in INPLACE_OPS and took_parent(t, same)):
                 t.offset = a.alloc(nbytes(t))
         for p in srcs:
             p.n_children -= 1
@@ -845,16 +846,6 @@ def _place(  # noqa: C901 - one loop, ggml-alloc's steps inline (the walk's inne
             if not dead.is_output:
                 arenas[dead.backend].release(dead)
                 dead.allocated = False
-
-
-def _took_parent(t: Tensor, same: Callable[[Tensor, Tensor], bool]) -> bool:
-    """claim's in-place step: `t` takes over a dying parent's memory (offset set)."""
-    for p in t.src:
-        if p.allocated and not p.is_output and p.n_children == 1 and p.n_views == 0 and same(t, p):
-            t.offset = p.offset
-            p.allocated = False
-            return True
-    return False
 
 
 def _count_readers(seq: Sequence[Tensor]) -> None:

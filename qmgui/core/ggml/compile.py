@@ -90,18 +90,18 @@ def claim(t: Tensor, same: Callable[[Tensor, Tensor], bool]) -> bool | None:
     if t.external or t.allocated or t.view_src is not None:
         return None
     t.allocated = True
-    if t.op in INPLACE_OPS:
-        for p in t.src:
-            if (
-                p.allocated
-                and not p.is_output
-                and p.n_children == 1
-                and p.n_views == 0
-                and same(t, p)
-            ):
-                t.offset = p.offset
-                p.allocated = False
-                return True
+    return t.op in INPLACE_OPS and took_parent(t, same)
+
+
+def took_parent(t: Tensor, same: Callable[[Tensor, Tensor], bool]) -> bool:
+    """claim's in-place step for an op that may reuse a parent's memory: `t` takes over the
+    first parent that dies here (its last reader, no view, not an output) with `t`'s layout
+    (offset set, the parent no longer owns it)."""
+    for p in t.src:
+        if p.allocated and not p.is_output and p.n_children == 1 and p.n_views == 0 and same(t, p):
+            t.offset = p.offset
+            p.allocated = False
+            return True
     return False
 
 
@@ -128,14 +128,18 @@ class EventWalk:
         """peak_bytes' node loop, its allocate and release inline (the tests they start
         with): a graph has thousands of nodes, most of whose sources are placed and keep
         readers."""
-        events = self.events
+        events, owners, same = self.events, self.owners, self.same
         for node in nodes:
             srcs = node.src
             for s in srcs:
                 if not (s.external or s.allocated or s.view_src is not None):
                     self.allocate(s)
             if not (node.external or node.allocated or node.view_src is not None):
-                self.allocate(node)
+                node.allocated = True  # allocate (claim), inline
+                if not (node.op in INPLACE_OPS and took_parent(node, same)):
+                    node.offset = len(owners)
+                    owners.append(node)
+                    events.append(node.offset)
             for p in srcs:
                 p.n_children -= 1
                 if p.n_children or p.n_views:
