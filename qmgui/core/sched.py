@@ -73,6 +73,7 @@ from qmgui.core.ggml.compile import (
     NotAffine,
     affine,
     claim,
+    freed_after_last_read,
     run_best_fit,
     same_layout_symbolic,
     took_parent,
@@ -810,7 +811,7 @@ def _run_walk(
     _place(seq, arenas, same)
 
 
-def _place(  # noqa: C901 - one loop, ggml-alloc's steps inline (the walk's inner loop)
+def _place(
     seq: Sequence[Tensor], arenas: Sequence[_ArenaLike], same: Callable[[Tensor, Tensor], bool]
 ) -> None:
     """ggml_gallocr_alloc_graph_impl's node loop over the scheduler's sequence: each node's
@@ -830,20 +831,12 @@ def _place(  # noqa: C901 - one loop, ggml-alloc's steps inline (the walk's inne
                 t.offset = a.alloc(nbytes(t))
         for p in srcs:
             p.n_children -= 1
-            if p.n_children or p.n_views or p.external:
+            # a weight or cache is never placed; an input_dep (a view of op "none") keeps its
+            # source alive and frees nothing
+            if p.n_children or p.n_views or p.external or (p.op == "none" and p.view_src):
                 continue
-            dead = p.view_src
+            dead = freed_after_last_read(p)
             if dead is not None:
-                if p.op == "none":  # input_dep: keeps its source alive, frees nothing
-                    continue
-                dead.n_views -= 1
-                if dead.n_views or dead.n_children or not dead.allocated:
-                    continue
-            elif p.allocated:
-                dead = p
-            else:
-                continue
-            if not dead.is_output:
                 arenas[dead.backend].release(dead)
                 dead.allocated = False
 

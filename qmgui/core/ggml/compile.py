@@ -93,6 +93,20 @@ def claim(t: Tensor, same: Callable[[Tensor, Tensor], bool]) -> bool | None:
     return t.op in INPLACE_OPS and took_parent(t, same)
 
 
+def freed_after_last_read(p: Tensor) -> Tensor | None:
+    """release's end, once `p` has no reader and no view left: what is freed now, `p` or
+    (for a view) its root once nothing reads or views that; None if nothing (not placed, or
+    a graph output, which is never freed). The caller frees it (its arena, then
+    `allocated = False`)."""
+    root = p.view_src
+    if root is None:
+        return p if p.allocated and not p.is_output else None
+    root.n_views -= 1
+    if root.n_views or root.n_children or not root.allocated or root.is_output:
+        return None
+    return root
+
+
 def took_parent(t: Tensor, same: Callable[[Tensor, Tensor], bool]) -> bool:
     """claim's in-place step for an op that may reuse a parent's memory: `t` takes over the
     first parent that dies here (its last reader, no view, not an output) with `t`'s layout
@@ -144,16 +158,8 @@ class EventWalk:
                 p.n_children -= 1
                 if p.n_children or p.n_views:
                     continue
-                dead = p.view_src  # a view's last reader: its root, once nothing reads it
+                dead = freed_after_last_read(p)
                 if dead is not None:
-                    dead.n_views -= 1
-                    if dead.n_views or dead.n_children or not dead.allocated:
-                        continue
-                elif p.allocated:
-                    dead = p
-                else:
-                    continue
-                if not dead.is_output:
                     events.append(~dead.offset)
                     dead.allocated = False
 
