@@ -90,7 +90,7 @@ MODELS: dict[str, tuple[str, SynthSpec]] = {
 # call that found a cache filled would be measured as fast)
 CACHES = {
     compute: ("_PROGRAMS", "_BYTES_CACHE", "_BUILT", "_VERIFIED", "_SEEN", "_PEAKS"),
-    dims: ("_REPLAY_CACHE", "_SIGNATURES"),
+    dims: ("_REPLAY_CACHE", "_SIGNATURES", "_NAMED"),
     sched: (
         "_PROGRAMS",
         "_GRAPHS",

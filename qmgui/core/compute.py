@@ -64,7 +64,15 @@ from qmgui.core.ggml.compile import (
 )
 from qmgui.core.ggml.graph import Graph
 from qmgui.core.graph.builder import Build, Builder
-from qmgui.core.graph.dims import CACHE_KEPT, Dims, Shape, dims, replay_layers, swa_cells
+from qmgui.core.graph.dims import (
+    CACHE_KEPT,
+    Dims,
+    Shape,
+    dims,
+    replay_layers,
+    swa_cells,
+    tensor_shapes,
+)
 from qmgui.core.launch import Resolved
 from qmgui.core.meta import ModelClass, ModelMeta, Pooling
 from qmgui.core.models import family_of, generic
@@ -476,11 +484,14 @@ def built(meta: ModelMeta, build: Build, d: Dims, shape: Shape) -> KeptGraph:
 
 def built_key(meta: ModelMeta, build: Build, d: Dims, shape: Shape) -> tuple[object, ...]:
     """What `build`'s graph over `d` and `shape` depends on: the key of the graphs kept."""
+    # the model's own shapes (dims' are): named by the model, whose id is in the key
+    shapes = d.shapes
+    own = shapes is tensor_shapes(meta)
     return (
         id(meta),
         build,
         shape,
-        tuple(sorted(d.shapes.items())),
+        "model's" if own else tuple(sorted(shapes.items())),
         *(getattr(d, name) for name in _DIMS_HASHED),
     )
 

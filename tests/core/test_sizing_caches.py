@@ -35,6 +35,7 @@ def _forget() -> None:
         compute._PEAKS,
         dims._REPLAY_CACHE,
         dims._SIGNATURES,
+        dims._NAMED,
         sched._LAYERS,
         sched._PROGRAMS,
         sched._GRAPHS,

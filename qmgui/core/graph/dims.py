@@ -132,6 +132,32 @@ def swa_cells(meta: ModelMeta, r: Resolved) -> int:
     return min(r.n_ctx_seq, -(-per_stream // 256) * 256)
 
 
+def tensor_names(meta: ModelMeta) -> frozenset[str]:
+    """The model's tensor names: one set per model (its hash kept: graph keys hash it)."""
+    return _named(meta)[0]
+
+
+def tensor_shapes(meta: ModelMeta) -> dict[str, tuple[int, ...]]:
+    """The model's tensor shapes by name: one dict per model, shared by every Dims built
+    for it (never changed), so that a graph key can name it by its model
+    (core.compute.built_key)."""
+    return _named(meta)[1]
+
+
+def _named(meta: ModelMeta) -> tuple[frozenset[str], dict[str, tuple[int, ...]]]:
+    hit = _NAMED.get(id(meta))
+    if hit is not None and hit[0] is meta:
+        return hit[1]
+    named = (frozenset(t.name for t in meta.tensors), {t.name: t.shape for t in meta.tensors})
+    if len(_NAMED) >= CACHE_KEPT:
+        _NAMED.clear()
+    _NAMED[id(meta)] = (meta, named)
+    return named
+
+
+_NAMED: dict[int, tuple[ModelMeta, tuple[frozenset[str], dict[str, tuple[int, ...]]]]] = {}
+
+
 def dims(meta: ModelMeta, r: Resolved, embeddings: bool) -> Dims:
     n_layer = meta.n_layer
     n_head = meta.n_head or (0,) * n_layer
@@ -152,8 +178,8 @@ def dims(meta: ModelMeta, r: Resolved, embeddings: bool) -> Dims:
         head_k=head_k,
         head_v=head_v,
         n_ff=tuple(meta.n_ff or (0,) * n_layer),
-        names=frozenset(t.name for t in meta.tensors),
-        shapes={t.name: t.shape for t in meta.tensors},
+        names=tensor_names(meta),
+        shapes=tensor_shapes(meta),
         n_kv=r.n_ctx_seq,
         n_kv_swa=n_kv_swa,
         n_stream=r.n_stream,
