@@ -849,8 +849,35 @@ def _repack_bound(meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings) 
 
 
 def _bound_repack(meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings) -> int:
-    # each copy is aligned in its buffer: 256 bytes a tensor bounds the padding
-    return sum(pad(p.nbytes, REPACK_ALIGNMENT) for _, p in _on_cpu(meta, layer_dev, s))
+    """_on_cpu's weights summed, each padded, a group (role, layer, experts) at a time."""
+    out_dev = layer_dev[meta.n_layer]
+    total = 0
+    for (role, layer, expert), n in _repack_groups(meta).items():
+        if role == _OUTPUT:
+            dev = out_dev
+        elif expert and (s.cpu_moe or layer < s.n_cpu_moe):
+            dev = CPU
+        else:
+            dev = layer_dev[layer]
+        if dev == CPU:
+            total += n
+    return total
+
+
+def _repack_groups(meta: ModelMeta) -> dict[tuple[int, int, bool], int]:
+    """Per (role, layer, expert) group of the layer and output tensors, their bytes each
+    padded as a repack buffer aligns a copy (256 bytes a tensor bounds the padding)."""
+    key = ("repack_groups", id(meta))
+    hit = _placed_get(key, meta)
+    if isinstance(hit, dict):
+        return hit
+    groups: dict[tuple[int, int, bool], int] = {}
+    for p in _table(meta):
+        if p.role != _INPUT:  # token embeddings are gathered, not multiplied
+            k = (p.role, p.layer, p.expert)
+            groups[k] = groups.get(k, 0) + pad(p.nbytes, REPACK_ALIGNMENT)
+    _placed_put(key, meta, groups)
+    return groups
 
 
 def _compute(
