@@ -363,15 +363,19 @@ def _groups(meta: ModelMeta, repacked: frozenset[str]) -> tuple[_Group, ...]:
     for t in _kept(meta, repacked):
         k = (t.role, t.layer, t.expert, t.vulkan_cpu, t.file_index)
         a = acc.get(k)
-        end = t.offset + t.nbytes
+        n, start = t.nbytes, t.offset
+        end = start + n
+        mapped = -(-n // MAPPED_ALIGNMENT) * MAPPED_ALIGNMENT  # launch.pad, inline
         if a is None:
-            acc[k] = [t.nbytes, t.cuda_nbytes, pad(t.nbytes, MAPPED_ALIGNMENT), t.offset, end]
+            acc[k] = [n, t.cuda_nbytes, mapped, start, end]
         else:
-            a[0] += t.nbytes
+            a[0] += n
             a[1] += t.cuda_nbytes
-            a[2] += pad(t.nbytes, MAPPED_ALIGNMENT)
-            a[3] = min(a[3], t.offset)
-            a[4] = max(a[4], end)
+            a[2] += mapped
+            if start < a[3]:  # noqa: PLR1730 - min() and max() cost a call per tensor
+                a[3] = start
+            if end > a[4]:  # noqa: PLR1730
+                a[4] = end
     groups = tuple(_Group(*k, *a) for k, a in acc.items())
     _placed_put(key, meta, groups)
     return groups

@@ -354,14 +354,15 @@ def tensor_places(meta: ModelMeta) -> tuple[tuple[int, bool], ...]:
     out = []
     for t in meta.tensors:
         name = t.name
-        m = _BLK.match(name)
+        m = _BLK.match(name) if name.startswith("blk.") else None
         if name in INPUT_TENSORS:
             layer = -1
         elif m is None:
             layer = n
         else:
             layer = min(int(m.group(1)), n)
-        out.append((layer, _EXPERTS.search(name) is not None))
+        # the pattern's "exps" first, as a substring: most names have none
+        out.append((layer, "exps" in name and _EXPERTS.search(name) is not None))
     places = tuple(out)
     if len(_PLACES) >= _PLACES_KEPT:
         _PLACES.clear()

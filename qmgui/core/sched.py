@@ -343,14 +343,18 @@ def _host_weight_sizes(meta: ModelMeta) -> _Sizes:
     n = meta.n_layer
     tied = meta.tied_embeddings
     for t, (layer, expert) in zip(meta.tensors, tensor_places(meta), strict=True):
-        # and the output matmul reads a tied token_embd
-        also = tied and t.name == "token_embd.weight"
-        for k in ((layer, expert, _shape(t.shape)), (n, False, _shape(t.shape)))[: 1 + also]:
-            size = t.nbytes
+        shape, size = t.shape, t.nbytes
+        if len(shape) > 1 and shape[-1] == 1:  # the graph's shapes end without ones
+            shape = _shape(shape)
+        keys = [(layer, expert)]
+        if tied and t.name == "token_embd.weight":
+            keys.append((n, False))  # the output matmul reads a tied token_embd
+        for key in keys:
+            k = (*key, shape)
             if by_shape.get(k, -1) < size:
                 by_shape[k] = size
-            if largest.get(k[:2], -1) < size:
-                largest[k[:2]] = size
+            if largest.get(key, -1) < size:
+                largest[key] = size
     rows: dict[int, list[tuple[bool, tuple[int, ...], int]]] = {}
     for (layer, expert, shape), size in by_shape.items():
         rows.setdefault(layer, []).append((expert, shape, size))
