@@ -445,14 +445,7 @@ def _place_weights(
     cpu_spans: dict[int, list[int]] = {}
     out_dev = layer_dev[meta.n_layer]
     for g in _groups(meta, repacked):
-        if g.role == _INPUT:
-            dev = CPU
-        elif g.role == _OUTPUT:
-            dev = out_dev
-        elif g.expert and (s.cpu_moe or g.layer < s.n_cpu_moe):
-            dev = CPU
-        else:
-            dev = layer_dev[g.layer]
+        dev = _device(g.role, g.layer, g.expert, layer_dev, s)
         if g.vulkan_cpu and backends.get(dev) == "vulkan":
             dev = CPU
         if dev == CPU and s.mmap:
@@ -758,18 +751,24 @@ def _on_cpu(
     """The weights that stay in host memory (a layer on the CPU, its experts on the CPU with
     --cpu-moe/--n-cpu-moe, the output on the CPU), token embeddings left out (gathered, not
     multiplied)."""
-    out_dev = layer_dev[meta.n_layer]
     for t, p in zip(meta.tensors, _table(meta), strict=True):
-        if p.role == _INPUT:
-            continue
-        if p.role == _OUTPUT:
-            dev = out_dev
-        elif p.expert and (s.cpu_moe or p.layer < s.n_cpu_moe):
-            dev = CPU
-        else:
-            dev = layer_dev[p.layer]
-        if dev == CPU:
+        if p.role != _INPUT and _device(p.role, p.layer, p.expert, layer_dev, s) == CPU:
             yield t, p
+
+
+def _device(
+    role: int, layer: int, expert: bool, layer_dev: Sequence[str], s: LaunchSettings
+) -> str:
+    """Where llama.cpp's loader puts a tensor: the input layer on the CPU, the output layer
+    on its device, experts on the CPU under --cpu-moe / --n-cpu-moe, the rest with their
+    layer (layer_dev: per layer, and the output layer last)."""
+    if role == _INPUT:
+        return CPU
+    if role == _OUTPUT:
+        return layer_dev[-1]
+    if expert and (s.cpu_moe or layer < s.n_cpu_moe):
+        return CPU
+    return layer_dev[layer]
 
 
 def cpu_weights(meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings) -> list[Weight]:
@@ -854,18 +853,11 @@ def _repack_bound(meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings) 
 
 def _bound_repack(meta: ModelMeta, layer_dev: Sequence[str], s: LaunchSettings) -> int:
     """_on_cpu's weights summed, each padded, a group (role, layer, experts) at a time."""
-    out_dev = layer_dev[meta.n_layer]
-    total = 0
-    for (role, layer, expert), n in _repack_groups(meta).items():
-        if role == _OUTPUT:
-            dev = out_dev
-        elif expert and (s.cpu_moe or layer < s.n_cpu_moe):
-            dev = CPU
-        else:
-            dev = layer_dev[layer]
-        if dev == CPU:
-            total += n
-    return total
+    return sum(
+        n
+        for (role, layer, expert), n in _repack_groups(meta).items()
+        if _device(role, layer, expert, layer_dev, s) == CPU
+    )
 
 
 def _repack_groups(meta: ModelMeta) -> dict[tuple[int, int, bool], int]:

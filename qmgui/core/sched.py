@@ -729,13 +729,14 @@ def _walk_arenas(g: Graph, o: Offload, sizes: _Sizes, n_layer: int) -> tuple[int
 
 
 class _Tape:
-    """Both arenas' allocations and frees in the walk's order: an allocation takes a new
-    slot (its size padded by the arena's alignment), a free names the slot (the tensor's
-    offset is its slot)."""
+    """Both arenas' allocations and frees in the walk's order, recorded instead of placed: an
+    allocation takes a new slot (its size kept as asked: a number, or in the compiled walk a
+    polynomial in the symbols), a free names the slot (the tensor's offset is its slot; its
+    size is the slot's, since an in-place child has its parent's layout)."""
 
     def __init__(self, aligns: tuple[int, int]) -> None:
         self.aligns = aligns
-        self.sizes: list[int] = []  # per slot, padded
+        self.sizes: list[int] = []  # per slot, as asked
         self.owner: list[int] = []  # per slot, the arena that placed it
         self.events: tuple[list[int], list[int]] = ([], [])  # per arena: slot, or ~slot (free)
         # (arena, event, the tensor freed) in order
@@ -748,12 +749,15 @@ class _Tape:
         return _TapeArena(self, which)
 
     def peaks(self) -> tuple[int, int]:
+        """Each arena's high-water mark: its best fit run over its events, or, where the
+        arenas are not apart, the tape played through two Arenas in order."""
+        aligns = self.aligns
         if self.split:
-            return (
-                run_best_fit(self.events[GPU], self.sizes),
-                run_best_fit(self.events[HOST], self.sizes),
-            )
-        arenas = (Arena(self.aligns[GPU]), Arena(self.aligns[HOST]))
+            padded = [
+                -(-n // aligns[w]) * aligns[w] for n, w in zip(self.sizes, self.owner, strict=True)
+            ]
+            return run_best_fit(self.events[GPU], padded), run_best_fit(self.events[HOST], padded)
+        arenas = (Arena(aligns[GPU]), Arena(aligns[HOST]))
         offsets = [0] * len(self.sizes)
         for which, e, t in self.order:
             if t is None:
@@ -769,14 +773,12 @@ class _TapeArena:
     def __init__(self, tape: _Tape, which: int) -> None:
         self.tape = tape
         self.which = which
-        self.align = tape.aligns[which]
         self.events = tape.events[which]
         self.sizes, self.owner, self.order = tape.sizes, tape.owner, tape.order
 
     def alloc(self, size: int) -> int:
-        sizes = self.sizes
-        slot = len(sizes)
-        sizes.append(-(-size // self.align) * self.align)
+        slot = len(self.sizes)
+        self.sizes.append(size)
         self.owner.append(self.which)
         self.events.append(slot)
         self.order.append((self.which, slot, None))
@@ -786,7 +788,6 @@ class _TapeArena:
         slot = t.offset
         if self.owner[slot] != self.which:
             self.tape.split = False
-        # its size is the slot's: an in-place child frees with its parent's layout
         self.events.append(~slot)
         self.order.append((self.which, ~slot, t))
 
@@ -805,7 +806,8 @@ def _run_walk(
     same: Callable[[Tensor, Tensor], bool],
 ) -> None:
     """Passes 1-5, the reordering and ggml-alloc's walk over the split graph, placing into
-    `arenas` (GPU, host); `same` decides same_layout (the compiled walk records instead)."""
+    `arenas` (GPU, host: a _Tape's two sides, or Arenas placing as they go); `same` decides
+    same_layout (the compiled walk's decides it for every context)."""
     _assign(g, o, n_layer)
     seq = _sequence(g, _split(g, sizes), o)
     for leaf in g.leafs:
@@ -1067,30 +1069,6 @@ _PEAKS: dict[tuple[object, ...], tuple[ModelMeta, dict[tuple[int, int], tuple[in
 _COMPILING = GRAPHS_LOCK
 
 
-class _Recorder:
-    """An arena that records instead of placing: each allocation a new slot (its size kept,
-    as a polynomial in the symbols), each free the slot's complement."""
-
-    def __init__(self, which: int, sizes: list[int], arena_of: list[int]) -> None:
-        self.which = which
-        self.sizes = sizes  # shared by both arenas: slots are numbered across them
-        self.arena_of = arena_of
-        self.events: list[int] = []
-
-    def alloc(self, size: int) -> int:
-        slot = len(self.sizes)
-        self.sizes.append(size)
-        self.arena_of.append(self.which)
-        self.events.append(slot)
-        return slot
-
-    def release(self, t: Tensor) -> None:
-        offset = t.offset
-        if self.arena_of[offset] != self.which or self.sizes[offset] != nbytes(t):
-            raise NotAffine  # not a walk two independent best-fit arenas can replay
-        self.events.append(~offset)
-
-
 def _compile(
     meta: ModelMeta,
     r: Resolved,
@@ -1115,21 +1093,22 @@ def _compile(
             _GRAPHS[graph_key] = (meta, graph)
         if graph is None:
             return None
-        sizes: list[int] = []
-        arena_of: list[int] = []
-        rec = (_Recorder(GPU, sizes, arena_of), _Recorder(HOST, sizes, arena_of))
+        tape = _Tape((_gpu_alignment(offload), HOST_ALIGNMENT))
         g = graph.walked()  # restored: core.compute or another offload may have walked it since
         try:
             sizes_of = _host_weight_sizes(meta)
-            _run_walk(g, offload, sizes_of, meta.n_layer, arenas=rec, same=same_layout_symbolic)
-            return _program(rec, sizes, arena_of, (_gpu_alignment(offload), HOST_ALIGNMENT))
+            arenas = (tape.arena(GPU), tape.arena(HOST))
+            _run_walk(g, offload, sizes_of, meta.n_layer, arenas=arenas, same=same_layout_symbolic)
+            if not tape.split:
+                raise NotAffine  # not a walk two independent best-fit arenas can replay
+            return _program(tape)
         except NotAffine:
             return None
 
 
-def _program(
-    rec: Sequence[_Recorder], sizes: Sequence[int], arena_of: Sequence[int], aligns: Sequence[int]
-) -> _Program:
+def _program(tape: _Tape) -> _Program:
+    """A compiled walk's tape as a program: each slot's size read back as c + a*u + b*v."""
+    sizes, arena_of, aligns = tape.sizes, tape.owner, tape.aligns
     fixed: list[int] = []
     grows: list[tuple[int, int, int, int, int]] = []
     totals = [[0, 0, 0], [0, 0, 0]]
@@ -1151,7 +1130,7 @@ def _program(
             total[0] += padded
     g, h = totals
     return _Program(
-        (tuple(rec[GPU].events), tuple(rec[HOST].events)),
+        (tuple(tape.events[GPU]), tuple(tape.events[HOST])),
         tuple(fixed),
         tuple(grows),
         ((g[0], g[1], g[2]), (h[0], h[1], h[2])),
