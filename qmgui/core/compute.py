@@ -432,7 +432,6 @@ class KeptGraph:
 
     def __init__(self, g: Graph) -> None:
         self.g = g
-        self.srcs = tuple(t.src for t in g.nodes)
         self.dirty = False  # walked since it was built or restored
 
     def walked(self) -> Graph:
@@ -446,11 +445,14 @@ class KeptGraph:
         if not self.dirty:
             return
         self.dirty = False
-        for t in self.g.leafs:
+        g = self.g
+        for t, src in g.rewired:  # core.sched's copies read instead of their sources
+            t.src = src
+        g.rewired.clear()
+        for t in g.leafs:
             t.n_children = t.n_views = t.offset = 0
             t.allocated = False
-        for t, src in zip(self.g.nodes, self.srcs, strict=True):
-            t.src = src
+        for t in g.nodes:
             t.n_children = t.n_views = t.offset = 0
             t.allocated = False
 

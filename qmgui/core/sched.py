@@ -488,21 +488,30 @@ class _Split:
 
 def _split(g: Graph, sizes: _Sizes) -> list[_Split]:
     """Pass 5: splits, and one copy of every tensor read from the other backend, made at the
-    start of the first split that reads it (the readers are rewired to the copy)."""
+    start of the first split that reads it (the readers are rewired to the copy). Counts
+    each node's readers and views as it goes (ggml_gallocr_alloc_graph_impl's first pass;
+    _sequence counts the copies' source dependencies)."""
     nodes = g.nodes
     splits: list[_Split] = []
     copies: dict[tuple[int, int], Tensor] = {}
     cur: _Split | None = None
     for i, t in enumerate(nodes):
+        root = t.view_src
+        if root is not None:
+            root.n_views += 1  # every node is an op: none of them is an input_dep
         if t.op in _VIEW_OPS:
+            for s in t.src:
+                s.n_children += 1
             continue
         b = t.backend
-        # the sources read from the other backend (most nodes: none, found without a list)
-        across: list[int] = []
+        # the sources read from the other backend (most nodes: none, found without a list);
+        # each source counted as read (a copy read instead is counted in its place below)
+        far = False
         for s in t.src:
+            s.n_children += 1
             if s.backend != b:
-                across = [j for j, s in enumerate(t.src) if s.backend != b]
-                break
+                far = True
+        across = [j for j, s in enumerate(t.src) if s.backend != b] if far else []
         new = cur is None or b != cur.backend
         if not new and cur is not None and cur.inputs and across:
             # a weight from the other backend: a new split frees the previous weight copies
@@ -512,23 +521,40 @@ def _split(g: Graph, sizes: _Sizes) -> list[_Split]:
                 cur.end = i
             cur = _Split(b, i if splits else 0)
             splits.append(cur)
-        if not across:
-            continue
-        assert cur is not None
-        srcs = list(t.src)
-        for j in across:
-            s = srcs[j]
-            cp = copies.get((id(s), b))
-            if cp is None:
-                cp = _copy_of(s, t, sizes)
-                cp.backend = b
-                copies[(id(s), b)] = cp
-                cur.inputs.append((s, cp))
-            srcs[j] = cp
-        t.src = tuple(srcs)
+        if across:
+            assert cur is not None
+            _read_copies(g, t, across, cur, copies=copies, sizes=sizes)
     if cur is not None:
         cur.end = len(nodes)
     return splits
+
+
+def _read_copies(
+    g: Graph,
+    t: Tensor,
+    across: Sequence[int],
+    split: _Split,
+    *,
+    copies: dict[tuple[int, int], Tensor],
+    sizes: _Sizes,
+) -> None:
+    """`t` rewired to read copies of its sources `across` (by index) on its own backend:
+    each copy made once per backend, an input of the split that first reads it."""
+    b = t.backend
+    srcs = list(t.src)
+    for j in across:
+        s = srcs[j]
+        s.n_children -= 1  # counted as read by _split: the copy is read instead
+        cp = copies.get((id(s), b))
+        if cp is None:
+            cp = _copy_of(s, t, sizes)
+            cp.backend = b
+            copies[(id(s), b)] = cp
+            split.inputs.append((s, cp))
+        srcs[j] = cp
+        cp.n_children += 1
+    g.rewired.append((t, t.src))
+    t.src = tuple(srcs)
 
 
 def _copy_of(s: Tensor, reader: Tensor, sizes: _Sizes) -> Tensor:
@@ -717,7 +743,7 @@ def _walk(g: Graph, o: Offload, sizes: _Sizes, n_layer: int) -> tuple[int, int]:
     tape does not split into two independent arenas, the tape played through two Arenas.
     _walk_arenas (the reference of the tests) places as it walks."""
     tape = _Tape((_gpu_alignment(o), HOST_ALIGNMENT))
-    _run_walk(g, o, sizes, n_layer, arenas=(tape.arena(GPU), tape.arena(HOST)), same=same_layout)
+    _run_walk(g, o, sizes, n_layer, arenas=tape, same=same_layout)
     return tape.peaks()
 
 
@@ -738,15 +764,62 @@ class _Tape:
         self.aligns = aligns
         self.sizes: list[int] = []  # per slot, as asked
         self.owner: list[int] = []  # per slot, the arena that placed it
-        self.events: tuple[list[int], list[int]] = ([], [])  # per arena: slot, or ~slot (free)
-        # (arena, event, the tensor freed) in order
-        self.order: list[tuple[int, int, Tensor | None]] = []
-        # every free by the arena that placed the slot: then the two arenas are independent
-        # and each event list is its arena's walk
-        self.split = True
+        self.seq: list[int] = []  # both arenas' events in order: slot, or ~slot (a free)
+        # frees by the arena that did not place the slot, by their place in seq: the arena
+        # and the bytes freed. None of them: the two arenas are independent, and each one's
+        # events alone are its walk
+        self.across: dict[int, tuple[int, int]] = {}
+
+    @property
+    def split(self) -> bool:
+        return not self.across
+
+    @property
+    def events(self) -> tuple[list[int], list[int]]:
+        """Each arena's events in order (of a split tape)."""
+        owner = self.owner
+        gpu: list[int] = []
+        host: list[int] = []
+        for e in self.seq:
+            (gpu if owner[e if e >= 0 else ~e] == GPU else host).append(e)
+        return gpu, host
 
     def arena(self, which: int) -> _TapeArena:
         return _TapeArena(self, which)
+
+    def place(self, seq: Sequence[Tensor], same: Callable[[Tensor, Tensor], bool]) -> None:
+        """_place recording into this tape, its allocations and frees inline (_TapeArena's
+        alloc and release): a walk makes thousands."""
+        sizes, owner, events, across = self.sizes, self.owner, self.seq, self.across
+        for t in seq:
+            srcs = t.src
+            b = t.backend
+            for s in srcs:
+                if not (s.external or s.allocated or s.view_src is not None):
+                    s.allocated = True  # claim
+                    if not (s.op in INPLACE_OPS and took_parent(s, same)):
+                        s.offset = slot = len(sizes)
+                        sizes.append(nbytes(s))
+                        owner.append(b)
+                        events.append(slot)
+            if not (t.external or t.allocated or t.view_src is not None):
+                t.allocated = True
+                if not (t.op in INPLACE_OPS and took_parent(t, same)):
+                    t.offset = slot = len(sizes)
+                    sizes.append(nbytes(t))
+                    owner.append(b)
+                    events.append(slot)
+            for p in srcs:
+                p.n_children -= 1
+                if p.n_children or p.n_views or p.external or (p.op == "none" and p.view_src):
+                    continue
+                dead = freed_after_last_read(p)
+                if dead is not None:
+                    slot = dead.offset
+                    if owner[slot] != dead.backend:
+                        across[len(events)] = (dead.backend, nbytes(dead))
+                    events.append(~slot)
+                    dead.allocated = False
 
     def peaks(self) -> tuple[int, int]:
         """Each arena's high-water mark: its best fit run over its events, or, where the
@@ -756,14 +829,17 @@ class _Tape:
             padded = [
                 -(-n // aligns[w]) * aligns[w] for n, w in zip(self.sizes, self.owner, strict=True)
             ]
-            return run_best_fit(self.events[GPU], padded), run_best_fit(self.events[HOST], padded)
+            gpu, host = self.events
+            return run_best_fit(gpu, padded), run_best_fit(host, padded)
         arenas = (Arena(aligns[GPU]), Arena(aligns[HOST]))
         offsets = [0] * len(self.sizes)
-        for which, e, t in self.order:
-            if t is None:
-                offsets[e] = arenas[which].alloc(self.sizes[e])
+        owner, across = self.owner, self.across
+        for i, e in enumerate(self.seq):
+            if e >= 0:
+                offsets[e] = arenas[owner[e]].alloc(self.sizes[e])
             else:
-                arenas[which].free(offsets[~e], nbytes(t))
+                which, n = across.get(i, (owner[~e], self.sizes[~e]))
+                arenas[which].free(offsets[~e], n)
         return arenas[GPU].max_size, arenas[HOST].max_size
 
 
@@ -773,23 +849,20 @@ class _TapeArena:
     def __init__(self, tape: _Tape, which: int) -> None:
         self.tape = tape
         self.which = which
-        self.events = tape.events[which]
-        self.sizes, self.owner, self.order = tape.sizes, tape.owner, tape.order
+        self.sizes, self.owner, self.seq = tape.sizes, tape.owner, tape.seq
 
     def alloc(self, size: int) -> int:
         slot = len(self.sizes)
         self.sizes.append(size)
         self.owner.append(self.which)
-        self.events.append(slot)
-        self.order.append((self.which, slot, None))
+        self.seq.append(slot)
         return slot
 
     def release(self, t: Tensor) -> None:
         slot = t.offset
         if self.owner[slot] != self.which:
-            self.tape.split = False
-        self.events.append(~slot)
-        self.order.append((self.which, ~slot, t))
+            self.tape.across[len(self.seq)] = (self.which, nbytes(t))
+        self.seq.append(~slot)
 
 
 def _gpu_alignment(o: Offload) -> int:
@@ -802,19 +875,22 @@ def _run_walk(
     sizes: _Sizes,
     n_layer: int,
     *,
-    arenas: Sequence[_ArenaLike],
+    arenas: Sequence[_ArenaLike] | _Tape,
     same: Callable[[Tensor, Tensor], bool],
 ) -> None:
     """Passes 1-5, the reordering and ggml-alloc's walk over the split graph, placing into
-    `arenas` (GPU, host: a _Tape's two sides, or Arenas placing as they go); `same` decides
-    same_layout (the compiled walk's decides it for every context)."""
+    `arenas` (GPU, host: Arenas placing as they go) or recording into a _Tape; `same`
+    decides same_layout (the compiled walk's decides it for every context)."""
     _assign(g, o, n_layer)
     seq = _sequence(g, _split(g, sizes), o)
+    sides = (arenas.arena(GPU), arenas.arena(HOST)) if isinstance(arenas, _Tape) else arenas
     for leaf in g.leafs:
         if not leaf.external:  # weights and caches are not in the compute buffers
-            _alloc(arenas[leaf.backend], leaf, same)
-    _count_readers(seq)
-    _place(seq, arenas, same)
+            _alloc(sides[leaf.backend], leaf, same)
+    if isinstance(arenas, _Tape):
+        arenas.place(seq, same)
+    else:
+        _place(seq, arenas, same)
 
 
 def _place(
@@ -847,15 +923,6 @@ def _place(
                 dead.allocated = False
 
 
-def _count_readers(seq: Sequence[Tensor]) -> None:
-    """ggml_gallocr_alloc_graph_impl's first pass: each tensor's readers and views."""
-    for t in seq:
-        if t.view_src is not None and t.op != "none":
-            t.view_src.n_views += 1
-        for s in t.src:
-            s.n_children += 1
-
-
 def _sequence(g: Graph, splits: Sequence[_Split], o: Offload) -> list[Tensor]:
     """The scheduler's graph copy: per split, each input's source dependency and its copy,
     then the split's nodes (reordered on Vulkan)."""
@@ -865,6 +932,7 @@ def _sequence(g: Graph, splits: Sequence[_Split], o: Offload) -> list[Tensor]:
             # input_dep keeps the source alive until it is copied (a GGML_OP_NONE view of it)
             dep = Tensor(src.type, src.ne, "none", (src,), src, src.nb)
             dep.backend = src.backend
+            src.n_children += 1  # read by the dependency (a view of op none: no view counted)
             seq += (dep, cp)
         part = g.nodes[sp.start : sp.end]
         seq += _vk_reorder(part) if sp.backend == GPU and o.reorders else part
@@ -1097,8 +1165,7 @@ def _compile(
         g = graph.walked()  # restored: core.compute or another offload may have walked it since
         try:
             sizes_of = _host_weight_sizes(meta)
-            arenas = (tape.arena(GPU), tape.arena(HOST))
-            _run_walk(g, offload, sizes_of, meta.n_layer, arenas=arenas, same=same_layout_symbolic)
+            _run_walk(g, offload, sizes_of, meta.n_layer, arenas=tape, same=same_layout_symbolic)
             if not tape.split:
                 raise NotAffine  # not a walk two independent best-fit arenas can replay
             return _program(tape)
@@ -1129,8 +1196,9 @@ def _program(tape: _Tape) -> _Program:
             fixed.append(padded)
             total[0] += padded
     g, h = totals
+    gpu_events, host_events = tape.events
     return _Program(
-        (tuple(tape.events[GPU]), tuple(tape.events[HOST])),
+        (tuple(gpu_events), tuple(host_events)),
         tuple(fixed),
         tuple(grows),
         ((g[0], g[1], g[2]), (h[0], h[1], h[2])),

@@ -452,9 +452,9 @@ def test_a_graph_sized_at_a_context_is_not_sized_again_for_the_prompt_alone(
 
 
 def test_a_kept_graph_is_restored_after_a_walk_and_left_alone_when_not_walked() -> None:
-    """compute.KeptGraph: a walk (through walked()) rewires sources and sets counters; the
-    next restore() puts the graph back as built, and restore() with no walk since changes
-    nothing (the scheduler's compile no longer restores after itself)."""
+    """compute.KeptGraph: a walk (through walked()) rewires sources (Graph.rewired) and
+    sets counters; the next restore() puts the graph back as built, and restore() with no
+    walk since changes nothing (the scheduler's compile no longer restores after itself)."""
     from qmgui.core.compute import KeptGraph
     from qmgui.core.ggml.alloc import peak_bytes
     from qmgui.core.ggml.graph import Graph
@@ -466,7 +466,9 @@ def test_a_kept_graph_is_restored_after_a_walk_and_left_alone_when_not_walked() 
     first = peak_bytes(kept.walked())
     assert kept.dirty and any(t.n_children or t.allocated for t in (*g.leafs, *g.nodes))
     other = Tensor("f32", (64, 8))
-    g.nodes[-1].src = (other, other)  # as the scheduler's pass 5 rewires a reader to a copy
+    # as the scheduler's pass 5 rewires a reader to a copy (logged on the graph)
+    g.rewired.append((g.nodes[-1], g.nodes[-1].src))
+    g.nodes[-1].src = (other, other)
     kept.restore()
     assert not kept.dirty
     assert g.nodes[-1].src[1] is a

@@ -15,6 +15,9 @@ class Graph:
         self.nodes: list[Tensor] = []
         self.leafs: list[Tensor] = []
         self.layer = -1  # the layer being built: stamped on weights and caches (core.sched)
+        # nodes a walk made read other sources (core.sched: copies across backends), with
+        # the sources they were built with, to restore (core.compute.KeptGraph)
+        self.rewired: list[tuple[Tensor, tuple[Tensor, ...]]] = []
 
     # -- graph order ------------------------------------------------------------------------
 
