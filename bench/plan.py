@@ -102,7 +102,7 @@ CACHES = {
         "_PEAKS",
     ),
     footprint: ("_TABLES", "_PLACED"),
-    meta_module: ("_PLACES",),
+    meta_module: ("_PLACES", "_NAME_PARTS"),
 }
 
 

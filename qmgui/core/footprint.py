@@ -289,6 +289,7 @@ def _table(meta: ModelMeta) -> tuple[_Placed, ...]:
     # 1 (Mamba-2); gated-delta-net models use their A in a multiplication (SSM_A_NOSCAN)
     vk_scan_cpu = meta.ssm is not None and meta.architecture not in _A_NOSCAN
     n_layer = meta.n_layer
+    new = tuple.__new__  # _Placed's fields in order, without its __new__'s Python frame
     for t, (il, expert) in zip(meta.tensors, tensor_places(meta), strict=True):
         if il < 0:
             role, layer = _INPUT, -1
@@ -296,20 +297,20 @@ def _table(meta: ModelMeta) -> tuple[_Placed, ...]:
             role, layer = _OUTPUT, -1  # output layer, and blocks beyond the model's layers
         else:
             role, layer = _LAYER, il
-        rows.append(
-            _Placed(
-                role,
-                layer,
-                expert and role == _LAYER,
-                t.offset,
-                t.nbytes,
-                t.file_index,
-                _cuda_alloc_size(t),
-                vk_scan_cpu
-                and t.name.endswith(".ssm_a")
-                and _scan_state(meta, t) not in (128, 256),
-            )
+        size = t.nbytes
+        shape = t.shape
+        # _cuda_alloc_size, inline: the padding of a quantized row is the rare case
+        rem = shape[0] % CUDA_ROW_PADDING if shape else 0
+        cuda = (
+            _cuda_alloc_size(t)
+            if rem and t.dtype not in _UNQUANTIZED
+            else -(-size // CUDA_ALIGNMENT) * CUDA_ALIGNMENT
         )
+        scan_cpu = (
+            vk_scan_cpu and t.name.endswith(".ssm_a") and _scan_state(meta, t) not in (128, 256)
+        )
+        row = (role, layer, expert and role == _LAYER, t.offset, size, t.file_index, cuda, scan_cpu)
+        rows.append(new(_Placed, row))
     table = tuple(rows)
     if len(_TABLES) >= _TABLES_KEPT:
         _TABLES.clear()
@@ -360,17 +361,17 @@ def _groups(meta: ModelMeta, repacked: frozenset[str]) -> tuple[_Group, ...]:
     if isinstance(hit, tuple):
         return hit
     acc: dict[tuple[int, int, bool, bool, int], list[int]] = {}
-    for t in _kept(meta, repacked):
-        k = (t.role, t.layer, t.expert, t.vulkan_cpu, t.file_index)
-        a = acc.get(k)
-        n, start = t.nbytes, t.offset
+    get = acc.get
+    for role, layer, expert, start, n, file_index, cuda, vk_cpu in _kept(meta, repacked):
+        k = (role, layer, expert, vk_cpu, file_index)
+        a = get(k)
         end = start + n
         mapped = -(-n // MAPPED_ALIGNMENT) * MAPPED_ALIGNMENT  # launch.pad, inline
         if a is None:
-            acc[k] = [n, t.cuda_nbytes, mapped, start, end]
+            acc[k] = [n, cuda, mapped, start, end]
         else:
             a[0] += n
-            a[1] += t.cuda_nbytes
+            a[1] += cuda
             a[2] += mapped
             if start < a[3]:  # noqa: PLR1730 - min() and max() cost a call per tensor
                 a[3] = start
@@ -868,10 +869,11 @@ def _repack_groups(meta: ModelMeta) -> dict[tuple[int, int, bool], int]:
     if isinstance(hit, dict):
         return hit
     groups: dict[tuple[int, int, bool], int] = {}
-    for p in _table(meta):
-        if p.role != _INPUT:  # token embeddings are gathered, not multiplied
-            k = (p.role, p.layer, p.expert)
-            groups[k] = groups.get(k, 0) + pad(p.nbytes, REPACK_ALIGNMENT)
+    get = groups.get
+    for role, layer, expert, _offset, n, _file, _cuda, _vk in _table(meta):
+        if role != _INPUT:  # token embeddings are gathered, not multiplied
+            k = (role, layer, expert)
+            groups[k] = get(k, 0) - (-n // REPACK_ALIGNMENT) * REPACK_ALIGNMENT  # pad, inline
     _placed_put(key, meta, groups)
     return groups
 

@@ -342,6 +342,35 @@ INPUT_TENSORS = frozenset({"token_embd.weight", "position_embd.weight", "token_t
 _EXPERTS = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch)?exps")
 
 
+# a tensor name as "blk.<index>." and the rest: (index or "", rest); the whole name is the rest
+# of a name outside the blocks. One line of the names joined by line breaks (name_parts), or
+# one name whole (a name with a line break in it)
+_PARTS_LINES = re.compile(r"^(?:blk\.([0-9]{1,9})\.)?(.*)$", re.MULTILINE)
+_PARTS_ONE = re.compile(r"(?:blk\.([0-9]{1,9})\.)?(.*)", re.DOTALL)
+
+
+def name_parts(meta: ModelMeta) -> Sequence[tuple[str, str]]:
+    """Per tensor of meta.tensors, its block index as written (ASCII digits, at most 9, as
+    _BLK reads it; "" outside the blocks) and the rest of its name. Read once per model
+    (tensor_places and core.graph.dims' layer signatures ask), by one regular expression
+    over every name: a model has hundreds of tensors, and taking each name apart with string
+    methods cost more than all else the first estimate of a model reads from its header."""
+    hit = _NAME_PARTS.get(id(meta))
+    if hit is not None and hit[0] is meta:
+        return hit[1]
+    names = [t.name for t in meta.tensors]
+    parts: list[tuple[str, str]] = _PARTS_LINES.findall("\n".join(names))
+    if len(parts) != len(names):  # a name with a line break in it: each name alone
+        parts = [(m[1] or "", m[2]) for m in map(_PARTS_ONE.fullmatch, names) if m is not None]
+    if len(_NAME_PARTS) >= _PLACES_KEPT:
+        _NAME_PARTS.clear()
+    _NAME_PARTS[id(meta)] = (meta, parts)
+    return parts
+
+
+_NAME_PARTS: dict[int, tuple[ModelMeta, Sequence[tuple[str, str]]]] = {}
+
+
 def tensor_places(meta: ModelMeta) -> tuple[tuple[int, bool], ...]:
     """Per tensor of meta.tensors, as llama.cpp's loader places it: its layer (-1: the input
     layer's embeddings; meta.n_layer: the output layer, and blocks beyond the model's layers)
@@ -352,17 +381,15 @@ def tensor_places(meta: ModelMeta) -> tuple[tuple[int, bool], ...]:
         return hit[1]
     n = meta.n_layer
     out = []
-    for t in meta.tensors:
-        name = t.name
-        m = _BLK.match(name) if name.startswith("blk.") else None
-        if name in INPUT_TENSORS:
-            layer = -1
-        elif m is None:
-            layer = n
+    for t, (idx, rest) in zip(meta.tensors, name_parts(meta), strict=True):
+        if idx:
+            layer = int(idx)
+            if layer > n:  # noqa: PLR1730 - min() costs a call per tensor
+                layer = n
         else:
-            layer = min(int(m.group(1)), n)
+            layer = -1 if rest in INPUT_TENSORS else n  # the output layer, and no block's
         # the pattern's "exps" first, as a substring: most names have none
-        out.append((layer, "exps" in name and _EXPERTS.search(name) is not None))
+        out.append((layer, "exps" in rest and _EXPERTS.search(t.name) is not None))
     places = tuple(out)
     if len(_PLACES) >= _PLACES_KEPT:
         _PLACES.clear()

@@ -341,20 +341,18 @@ def _host_weight_sizes(meta: ModelMeta) -> _Sizes:
     by_shape: dict[tuple[int, bool, tuple[int, ...]], int] = {}
     largest: dict[tuple[int, bool], int] = {}
     n = meta.n_layer
-    tied = meta.tied_embeddings
-    for t, (layer, expert) in zip(meta.tensors, tensor_places(meta), strict=True):
+    weights = list(zip(tensor_places(meta), meta.tensors, strict=True))
+    if meta.tied_embeddings:  # the output matmul reads a tied token_embd: the output layer's
+        weights += [((n, False), t) for t in meta.tensors if t.name == "token_embd.weight"]
+    for place, t in weights:
         shape, size = t.shape, t.nbytes
         if len(shape) > 1 and shape[-1] == 1:  # the graph's shapes end without ones
             shape = _shape(shape)
-        keys = [(layer, expert)]
-        if tied and t.name == "token_embd.weight":
-            keys.append((n, False))  # the output matmul reads a tied token_embd
-        for key in keys:
-            k = (*key, shape)
-            if by_shape.get(k, -1) < size:
-                by_shape[k] = size
-            if largest.get(key, -1) < size:
-                largest[key] = size
+        k = (*place, shape)
+        if by_shape.get(k, -1) < size:
+            by_shape[k] = size
+        if largest.get(place, -1) < size:
+            largest[place] = size
     rows: dict[int, list[tuple[bool, tuple[int, ...], int]]] = {}
     for (layer, expert, shape), size in by_shape.items():
         rows.setdefault(layer, []).append((expert, shape, size))

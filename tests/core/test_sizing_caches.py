@@ -47,6 +47,7 @@ def _forget() -> None:
         footprint._TABLES,
         footprint._PLACED,
         meta_module._PLACES,
+        meta_module._NAME_PARTS,
     ):
         cache.clear()
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from qmgui.core.launch import Resolved
-from qmgui.core.meta import ModelMeta, Pooling
+from qmgui.core.meta import ModelMeta, Pooling, name_parts
 
 
 @dataclass(frozen=True)
@@ -297,11 +297,9 @@ def layer_signatures(meta: ModelMeta) -> tuple[int, ...]:
     if hit is not None and hit[0] is meta:
         return hit[1]
     blocks: dict[int, list[tuple[str, tuple[int, ...]]]] = {}
-    for t in meta.tensors:
-        if t.name.startswith("blk."):
-            idx, _, rest = t.name[4:].partition(".")
-            if idx.isascii() and idx.isdigit() and len(idx) <= 9:
-                blocks.setdefault(int(idx), []).append((rest, t.shape))
+    for t, (idx, rest) in zip(meta.tensors, name_parts(meta), strict=True):
+        if idx:
+            blocks.setdefault(int(idx), []).append((rest, t.shape))
     ids: dict[tuple[object, ...], int] = {}
     sig = tuple(
         ids.setdefault(_layer_signature(meta, il, blocks), len(ids)) for il in range(meta.n_layer)
