@@ -33,7 +33,9 @@ class Graph:
             (self.leafs if t.op == "none" else self.nodes).append(t)
             return t
         t.visited = True
-        add_node, add_leaf = self.nodes.append, self.leafs.append
+        # list.append called on the lists (CPython specializes that call; a bound append
+        # kept in a variable is a plain call)
+        nodes, leafs = self.nodes, self.leafs
         stack: list[tuple[Tensor, Iterator[Tensor]]] = [(t, iter(t.src))]
         while stack:
             cur, srcs = stack[-1]
@@ -43,10 +45,16 @@ class Graph:
                     if s.src:
                         stack.append((s, iter(s.src)))
                         break
-                    (add_leaf if s.op == "none" else add_node)(s)  # no sources: done at once
+                    if s.op == "none":  # no sources: done at once
+                        leafs.append(s)
+                    else:
+                        nodes.append(s)
             else:
                 stack.pop()
-                (add_leaf if cur.op == "none" else add_node)(cur)
+                if cur.op == "none":
+                    leafs.append(cur)
+                else:
+                    nodes.append(cur)
         return t
 
     # -- leaves -----------------------------------------------------------------------------

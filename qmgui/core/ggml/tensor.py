@@ -61,10 +61,16 @@ class Tensor:
         # positional parameters: the graph's constructors (ggml.graph) make every tensor, and
         # a call with keywords costs CPython 40% more (a dict for them)
         self.type = type_
-        if len(ne) != 4:
+        n = len(ne)
+        if n == 4:
+            if type(ne) is not tuple:
+                ne = tuple(ne)
+        elif n == 3:  # padded with ones, by index: a tuple built and sliced costs twice
+            ne = (ne[0], ne[1], ne[2], 1)
+        elif n == 2:
+            ne = (ne[0], ne[1], 1, 1)
+        else:
             ne = (*ne, 1, 1, 1, 1)[:4]
-        elif type(ne) is not tuple:
-            ne = tuple(ne)
         self.ne = ne
         if nb is None:  # contiguous_nb, inline: every op's result is built here
             size, blck = TYPE_TRAITS[type_]
