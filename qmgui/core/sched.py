@@ -44,7 +44,6 @@ import math
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
 from qmgui.core.compute import (
     _PROMPT_ONLY,
@@ -719,37 +718,23 @@ def _pull_followers(
 # --- ggml-alloc over the split graph ------------------------------------------------------------
 
 
-class _ArenaLike(Protocol):
-    def alloc(self, size: int) -> int:
-        """Place `size` bytes: the offset (or a slot) the tensor keeps."""
-
-    def release(self, t: Tensor) -> None:
-        """Free what `t` was placed at (its offset; its size, the placement's)."""
-
-
-class _Placing(Arena):
-    """An Arena as the walk frees into it: by tensor."""
-
-    def release(self, t: Tensor) -> None:
-        self.free(t.offset, nbytes(t))
-
-
 def _walk(g: Graph, o: Offload, sizes: _Sizes, n_layer: int) -> tuple[int, int]:
     """(GPU, host) high-water marks of ggml_gallocr_alloc_graph_impl over the split graph:
     the walk's allocations and frees taped, then each arena's best fit run over its own
     (run_best_fit: Arena's placement on two flat lists, a bisection per free), or, where a
     tape does not split into two independent arenas, the tape played through two Arenas.
-    _walk_arenas (the reference of the tests) places as it walks."""
+    _walk_arenas (the reference of the tests) plays every tape through the Arenas."""
     tape = _Tape((_gpu_alignment(o), HOST_ALIGNMENT))
-    _run_walk(g, o, sizes, n_layer, arenas=tape, same=same_layout)
+    _run_walk(g, o, sizes, n_layer, tape=tape, same=same_layout)
     return tape.peaks()
 
 
 def _walk_arenas(g: Graph, o: Offload, sizes: _Sizes, n_layer: int) -> tuple[int, int]:
-    """_walk placing into two Arenas as it walks."""
-    arenas = (_Placing(_gpu_alignment(o)), _Placing(HOST_ALIGNMENT))
-    _run_walk(g, o, sizes, n_layer, arenas=arenas, same=same_layout)
-    return arenas[GPU].max_size, arenas[HOST].max_size
+    """_walk's tape placed by two Arenas in the walk's order (ggml-alloc's placement, the
+    reference run_best_fit must equal)."""
+    tape = _Tape((_gpu_alignment(o), HOST_ALIGNMENT))
+    _run_walk(g, o, sizes, n_layer, tape=tape, same=same_layout)
+    return tape.played()
 
 
 class _Tape:
@@ -786,8 +771,13 @@ class _Tape:
         return _TapeArena(self, which)
 
     def place(self, seq: Sequence[Tensor], same: Callable[[Tensor, Tensor], bool]) -> None:
-        """_place recording into this tape, its allocations and frees inline (_TapeArena's
-        alloc and release): a walk makes thousands."""
+        """ggml_gallocr_alloc_graph_impl's node loop over the scheduler's sequence, recorded:
+        each node's unplaced sources and the node placed in its backend's arena, then the
+        sources it read last freed (a view's root once nothing reads or views it), each in
+        its own backend's. ggml-alloc's allocate and release inline where they return at
+        once (most sources are placed already and keep readers, and weights and caches are
+        never placed), and the tape's allocations and frees (_TapeArena's) inline too: a
+        walk makes thousands."""
         sizes, owner, events, across = self.sizes, self.owner, self.seq, self.across
         for t in seq:
             srcs = t.src
@@ -829,6 +819,11 @@ class _Tape:
             ]
             gpu, host = self.events
             return run_best_fit(gpu, padded), run_best_fit(host, padded)
+        return self.played()
+
+    def played(self) -> tuple[int, int]:
+        """Each arena's high-water mark, the tape played in order through two Arenas."""
+        aligns = self.aligns
         arenas = (Arena(aligns[GPU]), Arena(aligns[HOST]))
         offsets = [0] * len(self.sizes)
         owner, across = self.owner, self.across
@@ -842,7 +837,7 @@ class _Tape:
 
 
 class _TapeArena:
-    """One arena's side of a _Tape (the walk's _ArenaLike)."""
+    """One arena's side of a _Tape: the graph's inputs placed before the walk."""
 
     def __init__(self, tape: _Tape, which: int) -> None:
         self.tape = tape
@@ -873,52 +868,18 @@ def _run_walk(
     sizes: _Sizes,
     n_layer: int,
     *,
-    arenas: Sequence[_ArenaLike] | _Tape,
+    tape: _Tape,
     same: Callable[[Tensor, Tensor], bool],
 ) -> None:
-    """Passes 1-5, the reordering and ggml-alloc's walk over the split graph, placing into
-    `arenas` (GPU, host: Arenas placing as they go) or recording into a _Tape; `same`
-    decides same_layout (the compiled walk's decides it for every context)."""
+    """Passes 1-5, the reordering and ggml-alloc's walk over the split graph, recorded into
+    `tape`; `same` decides same_layout (the compiled walk's decides it for every context)."""
     _assign(g, o, n_layer)
     seq = _sequence(g, _split(g, sizes), o)
-    sides = (arenas.arena(GPU), arenas.arena(HOST)) if isinstance(arenas, _Tape) else arenas
+    sides = (tape.arena(GPU), tape.arena(HOST))
     for leaf in g.leafs:
         if not leaf.external:  # weights and caches are not in the compute buffers
             _alloc(sides[leaf.backend], leaf, same)
-    if isinstance(arenas, _Tape):
-        arenas.place(seq, same)
-    else:
-        _place(seq, arenas, same)
-
-
-def _place(
-    seq: Sequence[Tensor], arenas: Sequence[_ArenaLike], same: Callable[[Tensor, Tensor], bool]
-) -> None:
-    """ggml_gallocr_alloc_graph_impl's node loop over the scheduler's sequence: each node's
-    unplaced sources and the node placed in its backend's arena, then the sources it read
-    last freed (a view's root once nothing reads or views it), each in its own backend's.
-    ggml-alloc's allocate and release inline where they return at once: most sources are
-    placed already and keep readers, and weights and caches are never placed."""
-    for t in seq:
-        srcs = t.src
-        a = arenas[t.backend]
-        for s in srcs:
-            if not (s.external or s.allocated or s.view_src is not None):
-                _alloc(a, s, same)
-        if not (t.external or t.allocated or t.view_src is not None):  # views need nothing
-            t.allocated = True  # ggml-alloc's allocate (claim), inline
-            if not (t.op in INPLACE_OPS and took_parent(t, same)):
-                t.offset = a.alloc(nbytes(t))
-        for p in srcs:
-            p.n_children -= 1
-            # a weight or cache is never placed; an input_dep (a view of op "none") keeps its
-            # source alive and frees nothing
-            if p.n_children or p.n_views or p.external or (p.op == "none" and p.view_src):
-                continue
-            dead = freed_after_last_read(p)
-            if dead is not None:
-                arenas[dead.backend].release(dead)
-                dead.allocated = False
+    tape.place(seq, same)
 
 
 def _sequence(g: Graph, splits: Sequence[_Split], o: Offload) -> list[Tensor]:
@@ -937,7 +898,7 @@ def _sequence(g: Graph, splits: Sequence[_Split], o: Offload) -> list[Tensor]:
     return seq
 
 
-def _alloc(arena: _ArenaLike, t: Tensor, same: Callable[[Tensor, Tensor], bool]) -> None:
+def _alloc(arena: _TapeArena, t: Tensor, same: Callable[[Tensor, Tensor], bool]) -> None:
     """ggml_gallocr_allocate_node: in place over a dying parent if allowed, else best fit."""
     if claim(t, same) is False:
         t.offset = arena.alloc(nbytes(t))
@@ -1163,7 +1124,7 @@ def _compile(
         g = graph.walked()  # restored: core.compute or another offload may have walked it since
         try:
             sizes_of = _host_weight_sizes(meta)
-            _run_walk(g, offload, sizes_of, meta.n_layer, arenas=tape, same=same_layout_symbolic)
+            _run_walk(g, offload, sizes_of, meta.n_layer, tape=tape, same=same_layout_symbolic)
             if not tape.split:
                 raise NotAffine  # not a walk two independent best-fit arenas can replay
             return _program(tape)
