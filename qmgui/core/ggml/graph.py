@@ -7,6 +7,8 @@ from collections.abc import Iterator, Sequence
 
 from qmgui.core.ggml.tensor import Tensor
 
+_DEEP = 200  # Graph._visit recurses this deep at most (Python's limit is 1,000 frames)
+
 
 class Graph:
     """Tensor constructors (ggml.c semantics) and ggml_build_forward_expand's node order."""
@@ -32,6 +34,34 @@ class Graph:
             t.visited = True
             (self.leafs if t.op == "none" else self.nodes).append(t)
             return t
+        self._visit(t, 0)
+        return t
+
+    def _visit(self, t: Tensor, depth: int) -> None:
+        """ggml_visit_parents from `t` (not visited yet): its unvisited sources in order,
+        then `t`. Recursive (a Python call costs less than the explicit stack's tuple and
+        iterator per node) while the chain is shallow, by an explicit stack below _DEEP."""
+        if depth > _DEEP:
+            self._visit_stack(t)
+            return
+        t.visited = True
+        for s in t.src:
+            if not s.visited:
+                if s.src:
+                    self._visit(s, depth + 1)
+                else:  # no sources: done at once
+                    s.visited = True
+                    if s.op == "none":
+                        self.leafs.append(s)
+                    else:
+                        self.nodes.append(s)
+        if t.op == "none":
+            self.leafs.append(t)
+        else:
+            self.nodes.append(t)
+
+    def _visit_stack(self, t: Tensor) -> None:
+        """_visit with an explicit stack: any depth."""
         t.visited = True
         # list.append called on the lists (CPython specializes that call; a bound append
         # kept in a variable is a plain call)
@@ -55,7 +85,6 @@ class Graph:
                     leafs.append(cur)
                 else:
                     nodes.append(cur)
-        return t
 
     # -- leaves -----------------------------------------------------------------------------
 
@@ -87,7 +116,15 @@ class Graph:
     @staticmethod
     def view(a: Tensor, ne: Sequence[int], nb: Sequence[int] = ()) -> Tensor:
         """ggml_view_Nd: `nb` are strides 1..3; missing ones follow contiguously."""
-        ne4 = (*ne, 1, 1, 1, 1)[:4]
+        n = len(ne)
+        if n == 4:
+            ne4 = ne if type(ne) is tuple else tuple(ne)
+        elif n == 3:  # padded by index, as Tensor pads
+            ne4 = (ne[0], ne[1], ne[2], 1)
+        elif n == 2:
+            ne4 = (ne[0], ne[1], 1, 1)
+        else:
+            ne4 = (*ne, 1, 1, 1, 1)[:4]
         n = len(nb)
         nb0 = a.nb[0]
         nb1 = nb[0] if n > 0 else nb0 * ne4[0]
