@@ -767,8 +767,20 @@ class _Tape:
             (gpu if owner[e if e >= 0 else ~e] == GPU else host).append(e)
         return gpu, host
 
-    def arena(self, which: int) -> _TapeArena:
-        return _TapeArena(self, which)
+    def alloc(self, which: int, size: int) -> int:
+        """`size` bytes placed by arena `which`: the new slot (the tensor's offset)."""
+        slot = len(self.sizes)
+        self.sizes.append(size)
+        self.owner.append(which)
+        self.seq.append(slot)
+        return slot
+
+    def release(self, which: int, t: Tensor) -> None:
+        """`t`'s slot freed by arena `which`."""
+        slot = t.offset
+        if self.owner[slot] != which:
+            self.across[len(self.seq)] = (which, nbytes(t))
+        self.seq.append(~slot)
 
     def place(self, seq: Sequence[Tensor], same: Callable[[Tensor, Tensor], bool]) -> None:
         """ggml_gallocr_alloc_graph_impl's node loop over the scheduler's sequence, recorded:
@@ -776,7 +788,7 @@ class _Tape:
         sources it read last freed (a view's root once nothing reads or views it), each in
         its own backend's. ggml-alloc's allocate and release inline where they return at
         once (most sources are placed already and keep readers, and weights and caches are
-        never placed), and the tape's allocations and frees (_TapeArena's) inline too: a
+        never placed), and the tape's allocations and frees (alloc, release) inline too: a
         walk makes thousands."""
         sizes, owner, events, across = self.sizes, self.owner, self.seq, self.across
         for t in seq:
@@ -836,28 +848,6 @@ class _Tape:
         return arenas[GPU].max_size, arenas[HOST].max_size
 
 
-class _TapeArena:
-    """One arena's side of a _Tape: the graph's inputs placed before the walk."""
-
-    def __init__(self, tape: _Tape, which: int) -> None:
-        self.tape = tape
-        self.which = which
-        self.sizes, self.owner, self.seq = tape.sizes, tape.owner, tape.seq
-
-    def alloc(self, size: int) -> int:
-        slot = len(self.sizes)
-        self.sizes.append(size)
-        self.owner.append(self.which)
-        self.seq.append(slot)
-        return slot
-
-    def release(self, t: Tensor) -> None:
-        slot = t.offset
-        if self.owner[slot] != self.which:
-            self.tape.across[len(self.seq)] = (self.which, nbytes(t))
-        self.seq.append(~slot)
-
-
 def _gpu_alignment(o: Offload) -> int:
     return ALIGNMENT.get(o.backend, DEFAULT_ALIGNMENT)
 
@@ -875,10 +865,9 @@ def _run_walk(
     `tape`; `same` decides same_layout (the compiled walk's decides it for every context)."""
     _assign(g, o, n_layer)
     seq = _sequence(g, _split(g, sizes), o)
-    sides = (tape.arena(GPU), tape.arena(HOST))
-    for leaf in g.leafs:
-        if not leaf.external:  # weights and caches are not in the compute buffers
-            _alloc(sides[leaf.backend], leaf, same)
+    for leaf in g.leafs:  # weights and caches are not in the compute buffers
+        if not leaf.external and claim(leaf, same) is False:
+            leaf.offset = tape.alloc(leaf.backend, nbytes(leaf))
     tape.place(seq, same)
 
 
@@ -896,12 +885,6 @@ def _sequence(g: Graph, splits: Sequence[_Split], o: Offload) -> list[Tensor]:
         part = g.nodes[sp.start : sp.end]
         seq += _vk_reorder(part) if sp.backend == GPU and o.reorders else part
     return seq
-
-
-def _alloc(arena: _TapeArena, t: Tensor, same: Callable[[Tensor, Tensor], bool]) -> None:
-    """ggml_gallocr_allocate_node: in place over a dying parent if allowed, else best fit."""
-    if claim(t, same) is False:
-        t.offset = arena.alloc(nbytes(t))
 
 
 # --- the walk compiled once per structure -------------------------------------------------------

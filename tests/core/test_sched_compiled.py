@@ -274,7 +274,6 @@ def test_a_tape_whose_arenas_are_not_apart_places_as_two_arenas() -> None:
     steps = [(0, 100), (1, 40), (0, 300), ("free", 0, 0), (1, 500), ("free", 1, 2)]
     steps += [(0, 90), (1, 70), ("free", 1, 1), (0, 1000), ("free", 0, 5)]
     tape = sched._Tape(aligns)
-    sides = (tape.arena(0), tape.arena(1))
     arenas = (Arena(aligns[0]), Arena(aligns[1]))
     placed: list[tuple[Tensor, int]] = []  # per allocation: the tensor (its slot), the offset
     for step in steps:
@@ -282,23 +281,22 @@ def test_a_tape_whose_arenas_are_not_apart_places_as_two_arenas() -> None:
             _, which, i = step
             assert isinstance(which, int) and isinstance(i, int)
             t, offset = placed[i]
-            sides[which].release(t)
+            tape.release(which, t)
             arenas[which].free(offset, t.ne[0])
         else:
             which, n = step
             assert isinstance(which, int) and isinstance(n, int)
             t = Tensor("i8", (n,))
-            t.offset = sides[which].alloc(n)
+            t.offset = tape.alloc(which, n)
             placed.append((t, arenas[which].alloc(n)))
     assert not tape.split
     assert tape.peaks() == (arenas[0].max_size, arenas[1].max_size)
     apart = sched._Tape(aligns)
-    a, b = apart.arena(0), apart.arena(1)
     x, y = Tensor("i8", (100,)), Tensor("i8", (40,))
-    x.offset, y.offset = a.alloc(100), b.alloc(40)
-    a.release(x)
-    a.alloc(50)
-    b.release(y)
+    x.offset, y.offset = apart.alloc(0, 100), apart.alloc(1, 40)
+    apart.release(0, x)
+    apart.alloc(0, 50)
+    apart.release(1, y)
     assert apart.split
     assert apart.peaks() == (128, 64)
 
